@@ -1,0 +1,65 @@
+"""Construction shared by the entry points: model, datasets, loaders, device batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torch.utils.data import DataLoader
+
+from repro.data import transforms
+from repro.data.datasets import Splits, build_splits
+from repro.data.loader import EpochBatches, eval_loader, train_loader
+from repro.errors import ConfigError
+from repro.runtime.seeding import seeded
+from repro.runtime.transfer import DeviceBatches
+
+
+def model(cfg: Any, root_seed: int) -> nn.Module:
+    """Instantiate `cfg.model` with torch's generator seeded from the `model` stream."""
+    with seeded(root_seed, "model"):
+        try:
+            built = instantiate(cfg.model)
+        except Exception as error:  # instantiate wraps import and argument errors alike
+            target = cfg.model.get("_target_")
+            raise ConfigError("model._target_", target, f"could not build it: {error}") from None
+    if not isinstance(built, nn.Module):
+        raise ConfigError("model._target_", cfg.model.get("_target_"), "must build a torch nn.Module")
+    return built
+
+
+def splits(cfg: Any, root_seed: int) -> Splits:
+    built = build_splits(cfg.data, root_seed)
+    if cfg.data.num_classes is None:
+        cfg.data.num_classes = len(built.classes)
+    return built
+
+
+def pipelines(data_cfg: Any) -> tuple[transforms.Compose, transforms.Compose]:
+    """The train and eval transforms."""
+    size, resize, pad = data_cfg.image_size, data_cfg.resize, data_cfg.crop_padding
+    train = transforms.build(data_cfg.augment, size, resize, pad)
+    return train, transforms.build(False, size, resize, pad)
+
+
+def loaders(
+    cfg: Any, data: Splits, pin_memory: bool, root_seed: int
+) -> tuple[DataLoader, EpochBatches, DataLoader]:
+    train_transform, eval_transform = pipelines(cfg.data)
+    train, sampler = train_loader(
+        data, train_transform, cfg.trainer.batch_size, cfg.dataloader, pin_memory, root_seed
+    )
+    if sampler.batches_per_epoch() == 0:
+        raise ConfigError(
+            "trainer.batch_size", cfg.trainer.batch_size, f"at most the {len(data.train)} training images"
+        )
+    val = eval_loader(
+        data.val, eval_transform, cfg.trainer.eval_batch_size, cfg.dataloader, pin_memory, root_seed
+    )
+    return train, sampler, val
+
+
+def device_batches(data_cfg: Any, device: torch.device) -> DeviceBatches:
+    return DeviceBatches(device, list(data_cfg.mean), list(data_cfg.std))

@@ -1,0 +1,193 @@
+"""Typed schemas for the config, registered with Hydra's ConfigStore, and range checks.
+
+Hydra merges every YAML option onto these dataclasses, so a wrong type or an unknown key is
+reported at composition time with its full key. `validate` adds the checks a type cannot
+express (ranges and choices) and raises a ConfigError naming key, value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from repro.errors import ConfigError
+
+# OmegaConf reads these annotations at run time; it understands Optional[...] on every
+# supported Python, PEP 604 unions only on some.
+# ruff: noqa: UP045
+
+
+@dataclass
+class SeedConfig:
+    mode: str = "fixed"  # fixed | random
+    value: Optional[int] = 0
+
+
+@dataclass
+class CudnnConfig:
+    name: str = "default"
+    benchmark: bool = False
+    deterministic: bool = False
+    deterministic_algorithms: bool = False
+    warn_only: bool = False
+    tf32_matmul: bool = False
+    tf32_cudnn: bool = True
+
+
+@dataclass
+class DataLoaderConfig:
+    name: str = "default"
+    num_workers: int = 2
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: int = 2
+
+
+@dataclass
+class MemoryFormatConfig:
+    name: str = "channels_last"
+
+
+@dataclass
+class AmpConfig:
+    mode: str = "auto"  # auto | off | bf16 | fp16
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    num_classes: Optional[int] = 10  # None: infer (imagefolder)
+    image_size: int = 32
+    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
+    augment: bool = True
+    crop_padding: int = 4
+    resize: Optional[int] = None
+    val_size: int = 2000
+    root: Optional[str] = None
+    download: bool = False
+    # Synthetic only: the images are a fixed benchmark made from their own seed.
+    train_size: int = 20000
+    test_size: int = 2000
+    generator_seed: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 8
+    max_steps: Optional[int] = None
+    batch_size: int = 256
+    eval_batch_size: int = 1000
+    eval_every_epochs: int = 1
+    eval_every_steps: Optional[int] = None
+    grad_clip: Optional[float] = None
+    label_smoothing: float = 0.0
+    checkpoint_every_steps: Optional[int] = None
+    keep_checkpoints: int = 2
+    device: str = "auto"
+    resume: str = "auto"
+    compile: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    tensorboard: bool = False
+    log_every_steps: int = 50
+    fingerprint_every_steps: int = 50
+    progress: str = "auto"  # auto | on | off
+    plot: bool = True
+
+
+@dataclass
+class Config:
+    seed: SeedConfig = field(default_factory=SeedConfig)
+    cudnn: CudnnConfig = field(default_factory=CudnnConfig)
+    dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
+    memory_format: MemoryFormatConfig = field(default_factory=MemoryFormatConfig)
+    amp: AmpConfig = field(default_factory=AmpConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+CHOICES = {
+    "seed.mode": ("fixed", "random"),
+    "memory_format.name": ("contiguous", "channels_last"),
+    "amp.mode": ("auto", "off", "bf16", "fp16"),
+    "data.name": ("synthetic", "cifar10", "imagefolder"),
+    "trainer.device": ("auto", "cpu", "cuda"),
+    "logger.progress": ("auto", "on", "off"),
+}
+
+# key: (lowest allowed, whether None is allowed)
+MINIMUM = {
+    "trainer.epochs": (1, False),
+    "trainer.max_steps": (1, True),
+    "trainer.batch_size": (1, False),
+    "trainer.eval_batch_size": (1, False),
+    "trainer.eval_every_epochs": (1, False),
+    "trainer.eval_every_steps": (1, True),
+    "trainer.checkpoint_every_steps": (1, True),
+    "trainer.keep_checkpoints": (1, False),
+    "trainer.grad_clip": (0, True),
+    "trainer.label_smoothing": (0, False),
+    "dataloader.num_workers": (0, False),
+    "dataloader.prefetch_factor": (1, False),
+    "data.num_classes": (2, True),
+    "data.image_size": (1, False),
+    "data.crop_padding": (0, False),
+    "data.val_size": (1, False),
+    "data.train_size": (1, False),
+    "data.test_size": (1, False),
+    "logger.log_every_steps": (1, False),
+    "logger.fingerprint_every_steps": (1, False),
+    "optimizer.lr": (0, False),
+    "optimizer.weight_decay": (0, False),
+    "optimizer.momentum": (0, False),
+}
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+_ABSENT = object()
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first value outside its allowed range or choices."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value is not _ABSENT and value not in allowed:
+            raise ConfigError(key, value, f"choose one of {', '.join(allowed)}")
+    for key, (lowest, nullable) in MINIMUM.items():
+        value = _get(cfg, key)
+        if value is _ABSENT or (value is None and nullable):
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < lowest:
+            raise ConfigError(key, value, f"must be a number >= {lowest}")
+    if cfg.seed.mode == "fixed" and cfg.seed.value is None:
+        raise ConfigError("seed.value", None, "an integer >= 0 with seed=fixed (or use seed=random)")
+    if cfg.seed.value is not None and cfg.seed.value < 0:
+        raise ConfigError("seed.value", cfg.seed.value, "an integer >= 0")
+    if not 0 <= cfg.trainer.label_smoothing < 1:
+        raise ConfigError("trainer.label_smoothing", cfg.trainer.label_smoothing, "in [0, 1)")
+    if len(cfg.data.mean) != 3 or len(cfg.data.std) != 3 or min(cfg.data.std) <= 0:
+        raise ConfigError("data.std", list(cfg.data.std), "three positive numbers (and three means)")
+    if cfg.data.name in ("imagefolder", "cifar10") and not cfg.data.root:
+        raise ConfigError("data.root", cfg.data.root, f"a folder path for data={cfg.data.name}")

@@ -1,0 +1,1 @@
+"""The training loop and what it leans on: checkpoints, metrics, loggers, schedules."""

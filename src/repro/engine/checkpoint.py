@@ -1,0 +1,151 @@
+"""Checkpoints: the whole state of a run, written atomically, read without unpickling code.
+
+A checkpoint is a dict of tensors and plain Python values only, so `torch.load` with
+`weights_only=True` reads it and a file holding arbitrary pickled objects is refused.
+Files are written to a temporary name, fsynced and renamed, so a crash at any moment
+leaves the previous checkpoint intact. `last.pt` always names the newest good one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from repro.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "repro-checkpoint"
+VERSION = 1
+STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+class TruncatedCheckpoint(CheckpointError):
+    """A checkpoint cut short (a crash while writing one elsewhere, a full disk): skippable."""
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every global RNG state, as tensors and plain values."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # platforms without directory fds (Windows)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """torch.save through a temporary file, fsync and rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    _fsync_dir(path.parent)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read one of our checkpoints, or raise CheckpointError saying why it cannot be used."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "unpickling refused"
+        raise CheckpointError(
+            f"{path}: refused, it holds objects other than tensors and plain values ({first})"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        raise TruncatedCheckpoint(
+            f"{path}: unreadable or truncated ({error.__class__.__name__})"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a repro checkpoint (no '{FORMAT}' marker)")
+    if state.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {state.get('version')}, expected {VERSION}")
+    return state
+
+
+class Checkpointer:
+    """Writes step-NNNNNNNN.pt files in a folder, keeps the newest `keep`, points last.pt at the newest."""
+
+    def __init__(self, folder: Path, keep: int) -> None:
+        self.folder, self.keep = folder, keep
+
+    def step_files(self) -> list[Path]:
+        """Our step files, newest first."""
+        if not self.folder.is_dir():
+            return []
+        found = [p for p in self.folder.iterdir() if STEP_FILE.match(p.name)]
+        return sorted(found, key=lambda p: int(STEP_FILE.match(p.name).group(1)), reverse=True)
+
+    def save(self, state: dict[str, Any], step: int) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"step-{step:08d}.pt"
+        atomic_save({"format": FORMAT, "version": VERSION, **state}, path)
+        self._point_last_at(path)
+        for old in self.step_files()[self.keep :]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def _point_last_at(self, path: Path) -> None:
+        # A hard link costs no space; renaming it over last.pt is atomic.
+        tmp = self.folder / f".last.pt.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp)
+        except OSError:
+            atomic_save(torch.load(path, map_location="cpu", weights_only=True), tmp)
+        tmp.replace(self.folder / "last.pt")
+        _fsync_dir(self.folder)
+
+    def latest_good(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that loads, falling back past truncated ones with a warning.
+
+        A foreign or unsafe file stops the search: it was put there by someone, and guessing
+        past it could resume from the wrong run.
+        """
+        candidates = [self.folder / "last.pt", *self.step_files()]
+        errors = []
+        for path in candidates:
+            if not path.exists():
+                continue
+            try:
+                return path, load(path)
+            except TruncatedCheckpoint as error:
+                errors.append(error)
+                log.warning("skipping checkpoint: %s", error)
+        if errors:
+            raise CheckpointError(f"no usable checkpoint in {self.folder}; newest: {errors[0]}")
+        return None

@@ -1,0 +1,93 @@
+"""Where metrics go: metrics.csv always, TensorBoard when enabled, curves.png at the end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    "epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "images_per_s", "data_wait_frac",
+)  # fmt: skip
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Appends one row per evaluation to metrics.csv (kept across resumes) and to TensorBoard."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool) -> None:
+        self.path = run_dir / "metrics.csv"
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop rows written after the checkpoint we resume from."""
+        if not self.path.exists():
+            return
+        with self.path.open(newline="") as handle:
+            rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
+        self._rewrite(rows)
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        tmp = self.path.with_name(".metrics.csv.tmp")
+        with tmp.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
+
+    def row(self, values: dict[str, float]) -> None:
+        new = not self.path.exists()
+        with self.path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow({key: values[key] for key in COLUMNS})
+        if self.writer is not None:
+            for key in COLUMNS[2:]:
+                self.writer.add_scalar(key, values[key], values["step"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_rows(path: Path) -> list[dict[str, float]]:
+    with path.open(newline="") as handle:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+
+
+def plot_curves(metrics_csv: Path, out: Path) -> None:
+    """Loss and accuracy against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_rows(metrics_csv)
+    steps = [r["step"] for r in rows]
+    figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    loss_axis.plot(steps, [r["train_loss"] for r in rows], marker="o", label="train")
+    loss_axis.plot(steps, [r["val_loss"] for r in rows], marker="o", label="validation")
+    loss_axis.set(xlabel="step", ylabel="loss", title="loss")
+    loss_axis.legend()
+    acc_axis.plot(steps, [r["val_acc"] for r in rows], marker="o", color="tab:green")
+    acc_axis.set(xlabel="step", ylabel="accuracy", title="validation accuracy", ylim=(0, 1))
+    for axis in (loss_axis, acc_axis):
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    figure.savefig(tmp, dpi=100)
+    plt.close(figure)
+    os.replace(tmp, out)

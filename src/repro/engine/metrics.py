@@ -1,0 +1,73 @@
+"""Numbers about a run: the weights hash, evaluation, and throughput/data-wait accounting."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """SHA-256 over every state_dict tensor (name, dtype, shape, bytes) in sorted name order.
+
+    Tensors are hashed in their logical (contiguous) layout, so the memory format of the
+    weights does not change the hash, only their values do.
+    """
+    digest = hashlib.sha256()
+    state = model.state_dict()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    prepare: Callable[[torch.Tensor], torch.Tensor],
+    autocast: Callable[[], AbstractContextManager[None]],
+) -> dict[str, float]:
+    """Mean cross-entropy and accuracy over a loader."""
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = torch.zeros((), dtype=torch.int64)
+    count = 0
+    for images, labels in loader:
+        images, labels = to_device(images, labels)
+        with autocast():
+            logits = model(prepare(images))
+        loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        loss_sum += loss.double().cpu()
+        correct += (logits.argmax(1) == labels).sum().cpu()
+        count += len(labels)
+    model.train(was_training)
+    return {"loss": loss_sum.item() / count, "acc": correct.item() / count}
+
+
+class Throughput:
+    """Images per second and the fraction of wall time spent waiting for the next batch."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.start = time.perf_counter()
+        self.waiting = 0.0
+        self.images = 0
+
+    def waited(self, seconds: float, images: int) -> None:
+        self.waiting += seconds
+        self.images += images
+
+    def read(self) -> tuple[float, float]:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        return self.images / elapsed, self.waiting / elapsed

@@ -1,0 +1,82 @@
+"""Resuming: which checkpoint to continue from, and whether the config still matches it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from repro.engine import checkpoint
+from repro.engine.checkpoint import Checkpointer
+from repro.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+# Keys that may differ between a checkpoint and the resuming run: they change how long the
+# run goes on, how it is observed or how data is loaded, never what an already taken step did.
+MAY_CHANGE = (
+    "trainer.epochs", "trainer.max_steps", "trainer.resume", "trainer.eval_every_epochs",
+    "trainer.eval_every_steps", "trainer.checkpoint_every_steps", "trainer.keep_checkpoints",
+    "trainer.eval_batch_size", "dataloader.", "logger.", "seed.mode",
+)  # fmt: skip
+
+
+def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:
+    """The state to continue from: `auto` (this run folder's newest good one), `never`, or a path."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = checkpointer.latest_good()
+        if found is None:
+            return None
+        path, state = found
+    else:
+        path = Path(resume).expanduser()
+        state = checkpoint.load(path)
+    log.info("resuming from %s", path)
+    return state
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def check_compatible(saved: dict[str, Any], cfg: DictConfig) -> None:
+    """Refuse to resume under a config that differs in anything that changes results."""
+    now = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    before = _flatten(saved)
+    differing = sorted(
+        key
+        for key in now.keys() | before.keys()
+        if now.get(key) != before.get(key) and not key.startswith(MAY_CHANGE)
+    )
+    if differing:
+        shown = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in differing[:8])
+        raise CheckpointError(
+            f"the config differs from the checkpoint's in {len(differing)} key(s) that change "
+            f"results ({shown}); use a new run folder, or set them back"
+        )
+
+
+def truncate_logs(run_dir: Path, step: int) -> None:
+    """Drop log rows written after the checkpoint, so the logs read as one straight run."""
+    from repro.engine.loggers import MetricsLog
+
+    MetricsLog(run_dir, tensorboard=False).truncate_after(step)
+    fingerprints = run_dir / "fingerprints.csv"
+    if fingerprints.exists():
+        kept = [
+            line
+            for line in fingerprints.read_text().splitlines()
+            if line and int(line.split(",", 1)[0]) <= step
+        ]
+        tmp = fingerprints.with_name(".fingerprints.csv.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        tmp.replace(fingerprints)

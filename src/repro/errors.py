@@ -1,0 +1,31 @@
+"""User-facing errors: one clear line, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import sys
+
+
+class UserError(Exception):
+    """A mistake in the user's input (config, path, data, checkpoint), not a bug."""
+
+
+class ConfigError(UserError):
+    """A config value that is not allowed: names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: object, allowed: str) -> None:
+        super().__init__(f"{key}={value!r} is not allowed: {allowed}")
+        self.key, self.value, self.allowed = key, value, allowed
+
+
+class DataError(UserError):
+    """Missing or unreadable data."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used."""
+
+
+def exit_with(error: UserError, code: int = 2) -> None:
+    """Print the error as one line on stderr and exit."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(code)

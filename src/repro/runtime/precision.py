@@ -1,0 +1,43 @@
+"""The `amp` knob: autocast in bf16 or fp16, and a GradScaler for fp16 only."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from repro.errors import ConfigError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _supports(device: torch.device, mode: str) -> bool:
+    if device.type == "cuda":
+        return mode == "fp16" or torch.cuda.is_bf16_supported()
+    # CPU autocast has fast bf16 kernels; fp16 on CPU is emulated and not worth offering.
+    return mode == "bf16"
+
+
+class Precision:
+    """Which dtype autocast uses on this device, and the loss scaler that goes with it."""
+
+    def __init__(self, mode: str, device: torch.device) -> None:
+        if mode == "auto":
+            mode = "bf16" if device.type == "cuda" and _supports(device, "bf16") else "off"
+        if mode != "off" and not _supports(device, mode):
+            allowed = ", ".join(m for m in ("off", "bf16", "fp16") if m == "off" or _supports(device, m))
+            raise ConfigError("amp.mode", mode, f"{device.type} cannot run it; allowed here: {allowed}")
+        self.mode = mode
+        self.device = device
+        self.dtype = DTYPES.get(mode)
+        # Only fp16 has too narrow a range for gradients; bf16 needs no scaling.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        if self.dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
+            yield

@@ -1,0 +1,144 @@
+"""Train an image classifier: `python -m repro.train [group=option] [key=value] ...`.
+
+Reads top to bottom: check the config, apply the knobs, build data and model, resume if
+there is a checkpoint, train, write the summary.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
+    from repro.launch import pin_hash_seed
+
+    pin_hash_seed("repro.train")
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from repro import build, config, launch
+from repro.engine import resume
+from repro.engine.checkpoint import Checkpointer
+from repro.engine.loggers import MetricsLog, plot_curves, write_json_atomic
+from repro.engine.loop import Trainer
+from repro.engine.metrics import weights_sha256
+from repro.errors import UserError, exit_with
+from repro.runtime import determinism, environment, seeding
+from repro.runtime.memory_format import MemoryFormat
+from repro.runtime.precision import Precision
+from repro.runtime.transfer import select_device, use_pinned_memory
+
+log = logging.getLogger("repro.train")
+
+config.register()
+OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True)
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """One training run into `run_dir`; returns what summary.json holds."""
+    started = time.perf_counter()
+    config.validate(cfg)
+
+    # Knobs that must be in place before any tensor is made.
+    device = select_device(cfg.trainer.device)
+    precision = Precision(cfg.amp.mode, device)
+    determinism.apply(cfg.cudnn)
+    memory_format = MemoryFormat(cfg.memory_format.name)
+
+    # A checkpoint to continue from decides the seed of a seed=random run.
+    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.keep_checkpoints)
+    state = resume.find(cfg.trainer.resume, checkpointer)
+    root_seed = state["root_seed"] if state else seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
+    cfg.seed.value = root_seed
+    if state:
+        resume.check_compatible(state["config"], cfg)
+    seeding.seed_globals(root_seed)
+
+    # Data and model.
+    data = build.splits(cfg, root_seed)
+    pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
+    train_loader, sampler, val_loader = build.loaders(cfg, data, pin_memory, root_seed)
+    model = memory_format.model(build.model(cfg, root_seed).to(device))
+    if cfg.trainer.compile:
+        model = torch.compile(model)
+    optimizer = instantiate(cfg.optimizer, params=model.parameters())
+    total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
+    if cfg.trainer.max_steps is not None:
+        total_steps = min(total_steps, cfg.trainer.max_steps)
+    scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
+    trainer = Trainer(
+        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+        memory_format=memory_format, to_device=build.device_batches(cfg.data, device),
+        train_loader=train_loader, sampler=sampler, val_loader=val_loader,
+        checkpointer=checkpointer, metrics=MetricsLog(run_dir, cfg.logger.tensorboard),
+        fingerprints=run_dir / "fingerprints.csv", trainer_cfg=cfg.trainer,
+        logger_cfg=cfg.logger, extra_state={"config": resolved, "root_seed": root_seed},
+        total_steps=total_steps,
+    )  # fmt: skip
+    if state:
+        trainer.load_state_dict(state)
+        resume.truncate_logs(run_dir, trainer.position.step)
+        log.info("resumed at epoch %d, batch %d, step %d", *vars(trainer.position).values())
+
+    log.info(
+        "training %s on %s | %d train / %d val images | %d steps | seed %d | amp %s | %s",
+        cfg.model._target_.rsplit(".", 1)[-1], device, len(data.train), len(data.val),
+        total_steps, root_seed, precision.mode, memory_format.name,
+    )  # fmt: skip
+    final = trainer.fit()
+    trainer.metrics.close()
+
+    summary = {
+        **final,
+        "seed": root_seed,
+        "weights_sha256": weights_sha256(model),
+        "wall_s": time.perf_counter() - started,
+        "total_steps": total_steps,
+        "completed": trainer.stopped_by is None,
+        "stopped_by_signal": trainer.stopped_by,
+        "resumed_from_step": state["position"]["step"] if state else None,
+        "amp": precision.mode,
+        "memory_format": memory_format.name,
+        "pin_memory": pin_memory,
+        "flags": determinism.snapshot(),
+        "env": environment.describe(device),
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    if cfg.logger.plot and (run_dir / "metrics.csv").exists():
+        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+    return summary
+
+
+@hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        summary = train(cfg, run_dir)
+    except UserError as error:
+        log.error("%s", error)
+        exit_with(error)
+    if summary["stopped_by_signal"] is not None:
+        log.warning("stopped by signal %d at step %s; rerun the same command to resume",
+                    summary["stopped_by_signal"], summary.get("step"))  # fmt: skip
+        raise SystemExit(128 + summary["stopped_by_signal"])
+    log.info(
+        "done | val_acc %.4f val_loss %.4f | %.1f s | weights_sha256 %s | %s",
+        summary["val_acc"], summary["val_loss"], summary["wall_s"], summary["weights_sha256"][:16],
+        run_dir,
+    )  # fmt: skip
+    return summary["val_acc"]  # what a hyperparameter sweeper optimises
+
+
+if __name__ == "__main__":
+    sys.argv = launch.expand_seed_shorthand(sys.argv)
+    main()
