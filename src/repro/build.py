@@ -26,7 +26,9 @@ def model(cfg: Any, root_seed: int) -> nn.Module:
             target = cfg.model.get("_target_")
             raise ConfigError("model._target_", target, f"could not build it: {error}") from None
     if not isinstance(built, nn.Module):
-        raise ConfigError("model._target_", cfg.model.get("_target_"), "must build a torch nn.Module")
+        raise ConfigError(
+            "model._target_", cfg.model.get("_target_"), "must build a torch nn.Module"
+        )
     return built
 
 
@@ -53,7 +55,9 @@ def loaders(
     )
     if sampler.batches_per_epoch() == 0:
         raise ConfigError(
-            "trainer.batch_size", cfg.trainer.batch_size, f"at most the {len(data.train)} training images"
+            "trainer.batch_size",
+            cfg.trainer.batch_size,
+            f"at most the {len(data.train)} training images",
         )
     val = eval_loader(
         data.val, eval_transform, cfg.trainer.eval_batch_size, cfg.dataloader, pin_memory, root_seed

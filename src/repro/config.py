@@ -77,7 +77,7 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 8
+    epochs: int = 6
     max_steps: Optional[int] = None
     batch_size: int = 256
     eval_batch_size: int = 1000
@@ -182,12 +182,16 @@ def validate(cfg: DictConfig) -> None:
         if not isinstance(value, int | float) or isinstance(value, bool) or value < lowest:
             raise ConfigError(key, value, f"must be a number >= {lowest}")
     if cfg.seed.mode == "fixed" and cfg.seed.value is None:
-        raise ConfigError("seed.value", None, "an integer >= 0 with seed=fixed (or use seed=random)")
+        raise ConfigError(
+            "seed.value", None, "an integer >= 0 with seed=fixed (or use seed=random)"
+        )
     if cfg.seed.value is not None and cfg.seed.value < 0:
         raise ConfigError("seed.value", cfg.seed.value, "an integer >= 0")
     if not 0 <= cfg.trainer.label_smoothing < 1:
         raise ConfigError("trainer.label_smoothing", cfg.trainer.label_smoothing, "in [0, 1)")
     if len(cfg.data.mean) != 3 or len(cfg.data.std) != 3 or min(cfg.data.std) <= 0:
-        raise ConfigError("data.std", list(cfg.data.std), "three positive numbers (and three means)")
+        raise ConfigError(
+            "data.std", list(cfg.data.std), "three positive numbers (and three means)"
+        )
     if cfg.data.name in ("imagefolder", "cifar10") and not cfg.data.root:
         raise ConfigError("data.root", cfg.data.root, f"a folder path for data={cfg.data.name}")

@@ -28,7 +28,7 @@ VERSION = 1
 STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
 
 
-class TruncatedCheckpoint(CheckpointError):
+class TruncatedCheckpointError(CheckpointError):
     """A checkpoint cut short (a crash while writing one elsewhere, a full disk): skippable."""
 
 
@@ -87,13 +87,15 @@ def load(path: Path) -> dict[str, Any]:
             f"{path}: refused, it holds objects other than tensors and plain values ({first})"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise TruncatedCheckpoint(
+        raise TruncatedCheckpointError(
             f"{path}: unreadable or truncated ({error.__class__.__name__})"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a repro checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {state.get('version')}, expected {VERSION}")
+        raise CheckpointError(
+            f"{path}: checkpoint version {state.get('version')}, expected {VERSION}"
+        )
     return state
 
 
@@ -143,7 +145,7 @@ class Checkpointer:
                 continue
             try:
                 return path, load(path)
-            except TruncatedCheckpoint as error:
+            except TruncatedCheckpointError as error:
                 errors.append(error)
                 log.warning("skipping checkpoint: %s", error)
         if errors:

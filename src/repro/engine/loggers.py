@@ -16,7 +16,7 @@ COLUMNS = (
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    tmp.replace(path)
 
 
 class MetricsLog:
@@ -44,7 +44,7 @@ class MetricsLog:
             writer = csv.DictWriter(handle, COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, self.path)
+        tmp.replace(self.path)
 
     def row(self, values: dict[str, float]) -> None:
         new = not self.path.exists()
@@ -90,4 +90,4 @@ def plot_curves(metrics_csv: Path, out: Path) -> None:
     tmp = out.with_name(f".{out.name}.tmp.png")
     figure.savefig(tmp, dpi=100)
     plt.close(figure)
-    os.replace(tmp, out)
+    tmp.replace(out)

@@ -28,7 +28,7 @@ from repro.runtime.precision import Precision
 log = logging.getLogger(__name__)
 
 
-class NonFiniteLoss(UserError):
+class NonFiniteLossError(UserError):
     """The loss became NaN or infinite: a diverged run, reported with its step."""
 
 
@@ -106,7 +106,7 @@ class Trainer:
                 pos = self.position
                 self.sampler.set_epoch(pos.epoch, start_batch=pos.batch)
                 batches = iter(self.train_loader)
-                while pos.batch < batches_per_epoch and not self._finished():
+                for _ in range(pos.batch, batches_per_epoch):
                     waited = time.perf_counter()
                     images, labels = self.to_device(*next(batches))
                     throughput.waited(time.perf_counter() - waited, len(labels))
@@ -129,6 +129,8 @@ class Trainer:
                         self._checkpoint(losses)
                         self.stopped_by = stop.signum
                         return self.last_eval
+                    if self._finished():
+                        break
                 del batches  # end this epoch's iterator before the next one starts
             if not self.last_eval or self.last_eval["step"] != self.position.step:
                 self._evaluate_and_log(losses, throughput)
@@ -171,7 +173,7 @@ class Trainer:
         for offset, value in enumerate(values):
             step = first_step + offset
             if not math.isfinite(value):
-                raise NonFiniteLoss(
+                raise NonFiniteLossError(
                     f"loss is {value} at step {step}; the last good checkpoint is kept in "
                     f"{self.checkpointer.folder} (lower optimizer.lr or set trainer.grad_clip)"
                 )
@@ -192,7 +194,10 @@ class Trainer:
         self._flush_losses(losses)
         images_per_s, wait_fraction = throughput.read()
         result = evaluate(
-            self.model, self.val_loader, self.to_device, self.memory_format.batch,
+            self.model,
+            self.val_loader,
+            self.to_device,
+            self.memory_format.batch,
             self.precision.autocast,
         )
         pos = self.position

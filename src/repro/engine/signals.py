@@ -27,7 +27,9 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
-            log.warning("got %s: saving a checkpoint at the end of this step", signal.Signals(signum).name)
+            log.warning(
+                "got %s: saving a checkpoint at the end of this step", signal.Signals(signum).name
+            )
         self.signum = signum
 
     def __enter__(self) -> StopRequest:

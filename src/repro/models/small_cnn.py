@@ -26,5 +26,10 @@ class SmallCNN(nn.Sequential):
         for stage, width in enumerate(widths):
             layers += conv_bn_relu(cin, width, stride=1 if stage == 0 else 2)
             cin = width
-        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(cin, num_classes)]
+        layers += [
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Dropout(dropout),
+            nn.Linear(cin, num_classes),
+        ]
         super().__init__(*layers)

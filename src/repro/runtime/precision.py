@@ -26,8 +26,12 @@ class Precision:
         if mode == "auto":
             mode = "bf16" if device.type == "cuda" and _supports(device, "bf16") else "off"
         if mode != "off" and not _supports(device, mode):
-            allowed = ", ".join(m for m in ("off", "bf16", "fp16") if m == "off" or _supports(device, m))
-            raise ConfigError("amp.mode", mode, f"{device.type} cannot run it; allowed here: {allowed}")
+            allowed = ", ".join(
+                m for m in ("off", "bf16", "fp16") if m == "off" or _supports(device, m)
+            )
+            raise ConfigError(
+                "amp.mode", mode, f"{device.type} cannot run it; allowed here: {allowed}"
+            )
         self.mode = mode
         self.device = device
         self.dtype = DTYPES.get(mode)

@@ -41,7 +41,9 @@ class DeviceBatches:
         self.scale = (1.0 / (255.0 * torch.tensor(std))).view(shape).to(device)
         self.shift = (-torch.tensor(mean) / torch.tensor(std)).view(shape).to(device)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         images = images.to(self.device, non_blocking=self.non_blocking)
         labels = labels.to(self.device, non_blocking=self.non_blocking)
         return images.float().mul_(self.scale).add_(self.shift), labels

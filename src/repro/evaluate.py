@@ -1,0 +1,102 @@
+"""Evaluate a checkpoint: `python -m repro.evaluate ckpt=PATH [split=test] [device=auto]`.
+
+The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
+may point at the data's new place on this machine. Prints loss and accuracy; with
+`out=FILE`, also writes them as JSON.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
+    from repro.launch import pin_hash_seed
+
+    pin_hash_seed("repro.evaluate")
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from repro import build
+from repro.data.loader import eval_loader
+from repro.engine.checkpoint import load
+from repro.engine.loggers import write_json_atomic
+from repro.engine.metrics import evaluate
+from repro.errors import ConfigError, UserError, exit_with
+from repro.runtime.memory_format import MemoryFormat
+from repro.runtime.precision import Precision
+from repro.runtime.transfer import select_device, use_pinned_memory
+
+SPLITS = ("train", "val", "test")
+ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size"}
+
+
+def evaluate_checkpoint(
+    ckpt: Path, split: str = "test", device_name: str = "auto", data_root: str | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Loss and accuracy of the checkpoint's model on one split of its dataset."""
+    if split not in SPLITS:
+        raise ConfigError("split", split, f"choose one of {', '.join(SPLITS)}")
+    state = load(ckpt)
+    cfg = OmegaConf.create(state["config"])
+    if data_root is not None:
+        cfg.data.root = data_root
+    root_seed = state["root_seed"]
+    device = select_device(device_name)
+    precision = Precision(cfg.amp.mode, device)
+    memory_format = MemoryFormat(cfg.memory_format.name)
+
+    data = build.splits(cfg, root_seed)
+    _, eval_transform = build.pipelines(cfg.data)
+    cfg.dataloader.persistent_workers = False  # one pass only
+    loader = eval_loader(
+        getattr(data, split), eval_transform, batch_size or cfg.trainer.eval_batch_size,
+        cfg.dataloader, use_pinned_memory(cfg.dataloader.pin_memory, device), root_seed,
+    )  # fmt: skip
+    model = build.model(cfg, root_seed)
+    model.load_state_dict(state["model"])
+    model = memory_format.model(model.to(device))
+    result = evaluate(
+        model, loader, build.device_batches(cfg.data, device), memory_format.batch,
+        precision.autocast,
+    )  # fmt: skip
+    return {
+        "split": split,
+        "images": len(loader.dataset),
+        **result,
+        "step": state["position"]["step"],
+    }
+
+
+def main(argv: list[str]) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args = OmegaConf.from_dotlist(argv)
+        flat = {key for key in argv if "=" in key}
+        unknown = sorted({a.split("=", 1)[0] for a in flat} - ARGUMENTS)
+        if unknown or "=" not in " ".join(argv):
+            given = unknown[0] if unknown else "(none)"
+            raise ConfigError("argument", given, f"use {', '.join(sorted(ARGUMENTS))} as key=value")
+        if "ckpt" not in args:
+            raise ConfigError(
+                "ckpt", None, "the path of a checkpoint, e.g. ckpt=outputs/.../last.pt"
+            )
+        result = evaluate_checkpoint(
+            Path(str(args.ckpt)), str(args.get("split", "test")), str(args.get("device", "auto")),
+            OmegaConf.select(args, "data.root"), args.get("batch_size"),
+        )  # fmt: skip
+    except UserError as error:
+        exit_with(error)
+    print(
+        f"{result['split']}: loss {result['loss']:.4f}  acc {result['acc']:.4f}  "
+        f"({result['images']} images, checkpoint step {result['step']})"
+    )
+    if "out" in args:
+        write_json_atomic(Path(str(args.out)), result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
