@@ -100,7 +100,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 class Checkpointer:
-    """Writes step-NNNNNNNN.pt files in a folder, keeps the newest `keep`, points last.pt at the newest."""
+    """Writes step-NNNNNNNN.pt files, keeps the newest `keep`, points last.pt at the newest."""
 
     def __init__(self, folder: Path, keep: int) -> None:
         self.folder, self.keep = folder, keep

@@ -24,7 +24,7 @@ MAY_CHANGE = (
 
 
 def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:
-    """The state to continue from: `auto` (this run folder's newest good one), `never`, or a path."""
+    """The state to continue from: `auto` (this run folder's newest good one), `never`, a path."""
     if resume == "never":
         return None
     if resume == "auto":

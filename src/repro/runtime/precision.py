@@ -26,9 +26,8 @@ class Precision:
         if mode == "auto":
             mode = "bf16" if device.type == "cuda" and _supports(device, "bf16") else "off"
         if mode != "off" and not _supports(device, mode):
-            allowed = ", ".join(
-                m for m in ("off", "bf16", "fp16") if m == "off" or _supports(device, m)
-            )
+            usable = [m for m in ("bf16", "fp16") if _supports(device, m)]
+            allowed = ", ".join(["off", "auto", *usable])
             raise ConfigError(
                 "amp.mode", mode, f"{device.type} cannot run it; allowed here: {allowed}"
             )
