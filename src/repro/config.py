@@ -193,5 +193,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "data.std", list(cfg.data.std), "three positive numbers (and three means)"
         )
+    if cfg.data.resize is not None and cfg.data.resize < cfg.data.image_size:
+        allowed = f"null or >= data.image_size ({cfg.data.image_size})"
+        raise ConfigError("data.resize", cfg.data.resize, allowed)
     if cfg.data.name in ("imagefolder", "cifar10") and not cfg.data.root:
         raise ConfigError("data.root", cfg.data.root, f"a folder path for data={cfg.data.name}")

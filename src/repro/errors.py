@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 
@@ -26,6 +27,12 @@ class CheckpointError(UserError):
 
 
 def exit_with(error: UserError, code: int = 2) -> None:
-    """Print the error as one line on stderr and exit."""
+    """Print the error as one line on stderr, note it in the run's log files, and exit."""
+    record = logging.makeLogRecord(
+        {"name": "repro", "levelno": logging.ERROR, "levelname": "ERROR", "msg": str(error)}
+    )
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
     print(f"error: {error}", file=sys.stderr, flush=True)
     raise SystemExit(code)

@@ -125,7 +125,6 @@ def main(cfg: DictConfig) -> float | None:
     try:
         summary = train(cfg, run_dir)
     except UserError as error:
-        log.error("%s", error)
         exit_with(error)
     if summary["stopped_by_signal"] is not None:
         log.warning("stopped by signal %d at step %s; rerun the same command to resume",

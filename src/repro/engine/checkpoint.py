@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "repro-checkpoint"
 VERSION = 1
+ZIP_MAGIC = b"PK\x03\x04"
 STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
 
 
@@ -79,12 +80,18 @@ def load(path: Path) -> dict[str, Any]:
     """Read one of our checkpoints, or raise CheckpointError saying why it cannot be used."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    with path.open("rb") as handle:
+        magic = handle.read(len(ZIP_MAGIC))
+    if len(magic) < len(ZIP_MAGIC):
+        raise TruncatedCheckpointError(f"{path}: truncated ({len(magic)} bytes)")
+    if magic != ZIP_MAGIC:
+        raise CheckpointError(f"{path}: not a checkpoint (torch.save writes zip archives)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "unpickling refused"
+    except pickle.UnpicklingError:
         raise CheckpointError(
-            f"{path}: refused, it holds objects other than tensors and plain values ({first})"
+            f"{path}: refused, it holds pickled objects other than tensors and plain values "
+            "(loading them could run code)"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
         raise TruncatedCheckpointError(
@@ -93,9 +100,8 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a repro checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:
-        raise CheckpointError(
-            f"{path}: checkpoint version {state.get('version')}, expected {VERSION}"
-        )
+        found = state.get("version")
+        raise CheckpointError(f"{path}: checkpoint format version {found}, expected {VERSION}")
     return state
 
 

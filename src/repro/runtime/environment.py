@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import torch
-import torchvision
 
 from repro.runtime.seeding import python_hash_seed
 
@@ -35,7 +35,8 @@ def describe(device: torch.device) -> dict[str, object]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        # Read from package metadata: importing torchvision costs seconds at start-up.
+        "torchvision": metadata.version("torchvision"),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "device": device.type,

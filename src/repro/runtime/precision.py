@@ -28,9 +28,7 @@ class Precision:
         if mode != "off" and not _supports(device, mode):
             usable = [m for m in ("bf16", "fp16") if _supports(device, m)]
             allowed = ", ".join(["off", "auto", *usable])
-            raise ConfigError(
-                "amp.mode", mode, f"{device.type} cannot run it; allowed here: {allowed}"
-            )
+            raise ConfigError("amp", mode, f"{device.type} cannot run it; allowed here: {allowed}")
         self.mode = mode
         self.device = device
         self.dtype = DTYPES.get(mode)

@@ -1,0 +1,41 @@
+# Every target sets itself up on a fresh machine: uv is installed with pip if missing, then
+# `uv sync --locked` builds .venv from uv.lock (torch and torchvision from PyPI).
+UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
+RUN := $(UV) run --locked --extra dev --extra launchers
+ARGS ?=
+
+.PHONY: help setup train test test-all lint format sweep bench train-ddp clean
+
+help:
+	@echo "make train   - train the default model on the built-in synthetic data (ARGS='key=value ...')"
+	@echo "make test    - the test suite (fast; 'make test-all' adds slow tests)"
+	@echo "make sweep   - 5 seeds of the default config and their statistics"
+	@echo "make bench   - what each speed knob buys on this machine"
+	@echo "make lint    - ruff lint and format check"
+
+setup: .venv/.synced
+
+.venv/.synced: pyproject.toml uv.lock
+	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	$(UV) sync --locked --extra dev --extra launchers
+	@touch $@
+
+train: setup
+	$(RUN) python -m repro.train $(ARGS)
+
+test: setup
+	$(RUN) pytest -m "not slow" $(ARGS)
+
+test-all: setup
+	$(RUN) pytest $(ARGS)
+
+lint: setup
+	$(RUN) ruff check src tests scripts
+	$(RUN) ruff format --check src tests scripts
+
+format: setup
+	$(RUN) ruff format src tests scripts
+	$(RUN) ruff check --fix src tests scripts
+
+clean:
+	rm -rf outputs/runs outputs/sweeps .pytest_cache .ruff_cache

@@ -1,0 +1,82 @@
+"""Shared helpers: tiny configs, in-process runs and real command-line runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import repro.train  # registers the schema and resolvers
+from repro.launch import expand_seed_shorthand
+from repro.runtime import determinism
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A run that takes a second or two: few images, a narrow model, one epoch.
+TINY = [
+    "data.train_size=384",
+    "data.val_size=128",
+    "data.test_size=128",
+    "trainer.batch_size=64",
+    "trainer.eval_batch_size=128",
+    "trainer.epochs=1",
+    "model.widths=[8,16]",
+    "dataloader=debug",
+    "logger.plot=false",
+    "logger.fingerprint_every_steps=2",
+]
+
+
+def tiny(*overrides: str) -> list[str]:
+    return [*TINY, *overrides]
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=expand_seed_shorthand(list(overrides)))
+
+
+def train_in_process(run_dir: Path, *overrides: str) -> dict[str, Any]:
+    """Compose the config as the command line would and run one training in this process."""
+    cfg = compose_config(*overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return repro.train.train(cfg, run_dir)
+
+
+def run_cli(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    """Run `python -m module args...` the way a user would."""
+    full_env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_globals():
+    """Runs in this process change torch's global flags; put them back after each test."""
+    flags = determinism.snapshot()
+    threads = torch.get_num_threads()
+    rng = torch.get_rng_state()
+    yield
+    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+    torch.use_deterministic_algorithms(
+        flags["deterministic_algorithms"], warn_only=flags["deterministic_warn_only"]
+    )
+    torch.backends.cuda.matmul.allow_tf32 = flags["tf32_matmul"]
+    torch.backends.cudnn.allow_tf32 = flags["tf32_cudnn"]
+    torch.set_num_threads(threads)
+    torch.set_rng_state(rng)

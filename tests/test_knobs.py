@@ -1,0 +1,235 @@
+"""Each knob is really applied: one test per config group, each failing if the knob were ignored."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose_config, read_summary, tiny, train_in_process
+from repro.data.loader import EpochBatches
+from repro.errors import ConfigError
+from repro.launch import expand_seed_shorthand
+from repro.models.small_cnn import SmallCNN
+from repro.runtime import determinism, seeding
+from repro.runtime.precision import Precision
+from repro.runtime.transfer import use_pinned_memory
+
+
+@pytest.fixture
+def recorded_forward(monkeypatch):
+    """Record what the model sees in its forward pass during training."""
+    seen: list[dict] = []
+    original = SmallCNN.forward
+
+    def forward(self, x):
+        conv = self[0]
+        seen.append(
+            {
+                "input_channels_last": x.is_contiguous(memory_format=torch.channels_last),
+                "weight_channels_last": conv.weight.is_contiguous(
+                    memory_format=torch.channels_last
+                ),
+                "autocast": torch.is_autocast_enabled("cpu"),
+                "autocast_dtype": torch.get_autocast_dtype("cpu"),
+                "training": self.training,
+                "grad_enabled": torch.is_grad_enabled(),
+            }
+        )
+        return original(self, x)
+
+    monkeypatch.setattr(SmallCNN, "forward", forward)
+    return seen
+
+
+# ---- seed ---------------------------------------------------------------------------------
+
+
+def test_seed_shorthand_sets_the_value_and_keeps_group_choices():
+    assert expand_seed_shorthand(["seed=3", "amp=bf16"]) == ["seed.value=3", "amp=bf16"]
+    assert expand_seed_shorthand(["seed=0,1,2"]) == ["seed.value=0,1,2"]
+    assert expand_seed_shorthand(["seed=random"]) == ["seed=random"]
+    assert expand_seed_shorthand(["seed=fixed", "seed.value=4"]) == ["seed=fixed", "seed.value=4"]
+
+
+def test_seed_globals_seeds_python_numpy_and_torch_from_the_root():
+    draws = []
+    for _ in range(2):
+        seeding.seed_globals(7)
+        draws.append((random.random(), np.random.rand(), torch.rand(1).item()))
+    seeding.seed_globals(8)
+    other = (random.random(), np.random.rand(), torch.rand(1).item())
+    assert draws[0] == draws[1]
+    assert all(a != b for a, b in zip(draws[0], other, strict=True))
+
+
+def test_named_streams_are_distinct_and_stable():
+    assert seeding.stream_seed(0, "order", 1) == seeding.stream_seed(0, "order", 1)
+    seeds = {
+        seeding.stream_seed(0, "order", 1),
+        seeding.stream_seed(0, "order", 2),
+        seeding.stream_seed(0, "augment", 1),
+        seeding.stream_seed(1, "order", 1),
+        seeding.stream_seed(0, "order", 1, rank=1),
+    }
+    assert len(seeds) == 5
+
+
+def test_seed_random_draws_records_and_can_be_repeated(tmp_path):
+    summary = train_in_process(tmp_path / "r", *tiny("seed=random"))
+    drawn = summary["seed"]
+    resolved = (tmp_path / "r" / "resolved_config.yaml").read_text()
+    assert f"value: {drawn}" in resolved
+    again = train_in_process(tmp_path / "f", *tiny(f"seed={drawn}"))
+    assert again["weights_sha256"] == summary["weights_sha256"]
+
+
+def test_model_init_depends_on_the_seed_only(tmp_path):
+    from repro import build
+
+    cfg = compose_config(*tiny())
+    first = build.model(cfg, 5).state_dict()
+    torch.rand(100)  # using the global stream in between must not matter
+    second = build.model(cfg, 5).state_dict()
+    third = build.model(cfg, 6).state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert not torch.equal(first["0.weight"], third["0.weight"])
+
+
+# ---- cudnn --------------------------------------------------------------------------------
+
+
+def test_cudnn_deterministic_sets_every_flag(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    determinism.apply(compose_config("cudnn=deterministic").cudnn)
+    assert torch.backends.cudnn.deterministic is True
+    assert torch.backends.cudnn.benchmark is False
+    assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.backends.cudnn.allow_tf32 is False
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_cudnn_benchmark_and_warn_only():
+    determinism.apply(compose_config("cudnn=benchmark").cudnn)
+    assert torch.backends.cudnn.benchmark is True
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert not torch.are_deterministic_algorithms_enabled()
+    determinism.apply(compose_config("cudnn=deterministic", "cudnn.warn_only=true").cudnn)
+    assert torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def test_preset_exact_composes_the_deterministic_knobs():
+    cfg = compose_config("preset=exact")
+    assert cfg.cudnn.name == "deterministic"
+    assert cfg.amp.mode == "off"
+    fast = compose_config("preset=fast")
+    assert fast.cudnn.name == "benchmark" and fast.dataloader.name == "fast"
+
+
+# ---- dataloader ---------------------------------------------------------------------------
+
+
+def test_loader_gets_a_seeded_generator_worker_init_and_workers():
+    from repro import build
+
+    cfg = compose_config("dataloader=default", "data.train_size=256", "data.val_size=64")
+    data = build.splits(cfg, 3)
+    loader, sampler, val = build.loaders(cfg, data, pin_memory=False, root_seed=3)
+    again, _, _ = build.loaders(cfg, data, pin_memory=False, root_seed=3)
+    other, _, _ = build.loaders(cfg, data, pin_memory=False, root_seed=4)
+    assert loader.generator is not None
+    assert loader.generator.initial_seed() == again.generator.initial_seed()
+    assert loader.generator.initial_seed() != other.generator.initial_seed()
+    assert loader.worker_init_fn is seeding.seed_worker
+    assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 2
+    assert isinstance(loader.batch_sampler, EpochBatches)
+    assert val.num_workers == 2
+
+
+def test_pinned_memory_only_on_cuda():
+    assert use_pinned_memory(True, torch.device("cuda")) is True
+    assert use_pinned_memory(True, torch.device("cpu")) is False
+    assert use_pinned_memory(False, torch.device("cuda")) is False
+
+
+def test_pin_memory_is_off_in_a_cpu_run(tmp_path):
+    summary = train_in_process(tmp_path / "p", *tiny("dataloader.pin_memory=true"))
+    assert summary["pin_memory"] is False
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch():
+    sampler = EpochBatches(100, 10, root_seed=1)
+    sampler.set_epoch(3)
+    batches = list(sampler)
+    sampler.set_epoch(3, start_batch=4)
+    assert list(sampler) == batches[4:]
+    sampler.set_epoch(4)
+    assert list(sampler) != batches
+    assert sorted(i for b in batches for _, i in b) == list(range(100))
+
+
+# ---- memory_format and amp ----------------------------------------------------------------
+
+
+def test_channels_last_reaches_the_weights_and_every_batch(tmp_path, recorded_forward):
+    train_in_process(tmp_path / "cl", *tiny("memory_format=channels_last"))
+    training = [s for s in recorded_forward if s["training"]]
+    evaluation = [s for s in recorded_forward if not s["training"]]
+    assert training and evaluation
+    assert all(s["input_channels_last"] and s["weight_channels_last"] for s in recorded_forward)
+
+
+def test_contiguous_leaves_the_layout_alone(tmp_path, recorded_forward):
+    train_in_process(tmp_path / "c", *tiny("memory_format=contiguous"))
+    assert not any(s["input_channels_last"] for s in recorded_forward)
+    assert not any(s["weight_channels_last"] for s in recorded_forward)
+
+
+def test_channels_last_leaves_other_ranks_alone(caplog):
+    from repro.runtime.memory_format import MemoryFormat
+
+    caplog.set_level(logging.INFO, logger="repro.runtime.memory_format")
+    fmt = MemoryFormat("channels_last")
+    flat = torch.zeros(4, 10)
+    assert fmt.batch(flat) is flat
+    fmt.batch(flat)
+    assert sum("4-D" in r.message for r in caplog.records) == 1
+
+
+def test_bf16_autocast_is_active_in_training_and_eval(tmp_path, recorded_forward):
+    summary = train_in_process(tmp_path / "bf16", *tiny("amp=bf16"))
+    assert summary["amp"] == "bf16"
+    assert all(s["autocast"] and s["autocast_dtype"] == torch.bfloat16 for s in recorded_forward)
+
+
+def test_amp_off_and_auto_on_cpu_run_in_full_precision(tmp_path, recorded_forward):
+    summary = train_in_process(tmp_path / "auto", *tiny("amp=auto"))
+    assert summary["amp"] == "off"
+    assert not any(s["autocast"] for s in recorded_forward)
+
+
+def test_fp16_is_refused_on_cpu_and_gets_a_grad_scaler_on_cuda():
+    with pytest.raises(ConfigError, match="fp16"):
+        Precision("fp16", torch.device("cpu"))
+    assert Precision("bf16", torch.device("cpu")).scaler.is_enabled() is False
+
+
+# ---- the rest of the run --------------------------------------------------------------------
+
+
+def test_eval_runs_without_gradients(tmp_path, recorded_forward):
+    train_in_process(tmp_path / "g", *tiny())
+    assert all(not s["grad_enabled"] for s in recorded_forward if not s["training"])
+    assert all(s["grad_enabled"] for s in recorded_forward if s["training"])
+
+
+def test_summary_records_the_flags(tmp_path):
+    train_in_process(tmp_path / "d", *tiny("cudnn=deterministic"))
+    flags = read_summary(tmp_path / "d")["flags"]
+    assert flags["deterministic_algorithms"] is True and flags["cudnn_deterministic"] is True

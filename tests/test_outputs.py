@@ -1,0 +1,71 @@
+"""A real command-line run writes every promised file, and evaluate reads its checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from conftest import read_summary, run_cli, tiny
+from repro.engine.loggers import COLUMNS
+
+
+def test_run_folder_holds_every_output(tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_cli(
+        "repro.train", *tiny("logger=tensorboard", "logger.plot=true", "trainer.epochs=2"),
+        f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "done | val_acc" in done.stdout
+
+    for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
+        assert (run_dir / ".hydra" / name).is_file()
+    log = (run_dir / "train.log").read_text()
+    assert "epoch 2 step" in log and "done | val_acc" in log
+
+    with (run_dir / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0]) == COLUMNS
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert all(0 <= float(r["data_wait_frac"]) <= 1 and float(r["images_per_s"]) > 0 for r in rows)
+
+    summary = read_summary(run_dir)
+    for key in ("val_acc", "val_loss", "seed", "weights_sha256", "wall_s", "env"):
+        assert key in summary
+    assert len(summary["weights_sha256"]) == 64
+    assert summary["val_acc"] == float(rows[-1]["val_acc"])
+    for key in ("python", "torch", "torchvision", "cuda", "cudnn", "device_name", "git_commit"):
+        assert key in summary["env"]
+    assert summary["env"]["pythonhashseed"] == "0"
+    assert isinstance(summary["env"]["git_dirty"], bool | None)
+
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert (run_dir / "fingerprints.csv").read_text().count("\n") == summary["total_steps"]
+
+    result_file = tmp_path / "eval.json"
+    evaluated = run_cli(
+        "repro.evaluate", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "split=val",
+        f"out={result_file}",
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "val: loss" in evaluated.stdout
+    result = json.loads(result_file.read_text())
+    assert result["acc"] == summary["val_acc"]  # same model, same split, same numbers
+    assert abs(result["loss"] - summary["val_loss"]) < 1e-9
+
+
+def test_evaluate_test_split_and_bad_arguments(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_cli("repro.train", *tiny(), f"hydra.run.dir={run_dir}").returncode == 0
+    done = run_cli("repro.evaluate", f"ckpt={run_dir / 'checkpoints' / 'last.pt'}")
+    assert done.returncode == 0 and "test: loss" in done.stdout and "128 images" in done.stdout
+    for args, expected in [
+        (["ckpt=/no/such.pt"], "no such checkpoint"),
+        ([f"ckpt={run_dir / 'summary.json'}"], "not a checkpoint"),
+        ([f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "split=dev"], "split='dev'"),
+        (["checkpoint=x"], "argument='checkpoint'"),
+    ]:
+        bad = run_cli("repro.evaluate", *args)
+        assert bad.returncode == 2 and expected in bad.stderr and "Traceback" not in bad.stderr
