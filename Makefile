@@ -17,7 +17,7 @@ setup: .venv/.synced
 
 .venv/.synced: pyproject.toml uv.lock
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	$(UV) sync --locked --extra dev --extra launchers
+	$(UV) sync --locked --compile-bytecode --extra dev --extra launchers
 	@touch $@
 
 train: setup

@@ -140,7 +140,7 @@ def test_loader_gets_a_seeded_generator_worker_init_and_workers():
 
     cfg = compose_config("dataloader=default", "data.train_size=256", "data.val_size=64")
     data = build.splits(cfg, 3)
-    loader, sampler, val = build.loaders(cfg, data, pin_memory=False, root_seed=3)
+    loader, _, val = build.loaders(cfg, data, pin_memory=False, root_seed=3)
     again, _, _ = build.loaders(cfg, data, pin_memory=False, root_seed=3)
     other, _, _ = build.loaders(cfg, data, pin_memory=False, root_seed=4)
     assert loader.generator is not None

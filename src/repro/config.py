@@ -90,6 +90,7 @@ class TrainerConfig:
     device: str = "auto"
     resume: str = "auto"
     compile: bool = False
+    halt_at_step: Optional[int] = None
 
 
 @dataclass
@@ -138,6 +139,7 @@ MINIMUM = {
     "trainer.eval_every_epochs": (1, False),
     "trainer.eval_every_steps": (1, True),
     "trainer.checkpoint_every_steps": (1, True),
+    "trainer.halt_at_step": (1, True),
     "trainer.keep_checkpoints": (1, False),
     "trainer.grad_clip": (0, True),
     "trainer.label_smoothing": (0, False),

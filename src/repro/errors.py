@@ -26,13 +26,23 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be used."""
 
 
+def one_line(error: BaseException) -> str:
+    """The message of an error, without the worker traceback a DataLoader wraps around it."""
+    message = str(error)
+    if "Original Traceback" in message:  # raised in a DataLoader worker and re-raised here
+        last = message.strip().splitlines()[-1]
+        message = last.split(f"{type(error).__name__}: ", 1)[-1]
+    return message
+
+
 def exit_with(error: UserError, code: int = 2) -> None:
     """Print the error as one line on stderr, note it in the run's log files, and exit."""
+    message = one_line(error)
     record = logging.makeLogRecord(
-        {"name": "repro", "levelno": logging.ERROR, "levelname": "ERROR", "msg": str(error)}
+        {"name": "repro", "levelno": logging.ERROR, "levelname": "ERROR", "msg": message}
     )
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
-    print(f"error: {error}", file=sys.stderr, flush=True)
+    print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)

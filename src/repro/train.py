@@ -87,7 +87,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     if state:
         trainer.load_state_dict(state)
-        resume.truncate_logs(run_dir, trainer.position.step)
+    resume.truncate_logs(run_dir, trainer.position.step)  # drop rows a killed attempt wrote
+    if state:
         log.info("resumed at epoch %d, batch %d, step %d", *vars(trainer.position).values())
 
     log.info(
@@ -104,7 +105,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "weights_sha256": weights_sha256(model),
         "wall_s": time.perf_counter() - started,
         "total_steps": total_steps,
-        "completed": trainer.stopped_by is None,
+        "step": trainer.position.step,
+        "completed": trainer.position.step >= total_steps,
         "stopped_by_signal": trainer.stopped_by,
         "resumed_from_step": state["position"]["step"] if state else None,
         "amp": precision.mode,
@@ -127,9 +129,15 @@ def main(cfg: DictConfig) -> float | None:
     except UserError as error:
         exit_with(error)
     if summary["stopped_by_signal"] is not None:
-        log.warning("stopped by signal %d at step %s; rerun the same command to resume",
-                    summary["stopped_by_signal"], summary.get("step"))  # fmt: skip
-        raise SystemExit(128 + summary["stopped_by_signal"])
+        signum = summary["stopped_by_signal"]
+        log.warning(
+            "stopped by signal %d at step %d, checkpoint saved; to resume, rerun the same "
+            "command with hydra.run.dir=%s", signum, summary["step"], run_dir,
+        )  # fmt: skip
+        raise SystemExit(128 + signum)
+    if not summary["completed"]:
+        log.info("halted after step %d as asked (trainer.halt_at_step)", summary["step"])
+        return None
     log.info(
         "done | val_acc %.4f val_loss %.4f | %.1f s | weights_sha256 %s | %s",
         summary["val_acc"], summary["val_loss"], summary["wall_s"], summary["weights_sha256"][:16],

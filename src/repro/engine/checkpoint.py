@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from repro.engine import faults
 from repro.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,13 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: Any, path: Path, step: int = -1) -> None:
     """torch.save through a temporary file, fsync and rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("wb") as handle:
         torch.save(obj, handle)
         handle.flush()
+        faults.point("checkpoint", step)
         os.fsync(handle.fileno())
     tmp.replace(path)
     _fsync_dir(path.parent)
@@ -110,6 +112,9 @@ class Checkpointer:
 
     def __init__(self, folder: Path, keep: int) -> None:
         self.folder, self.keep = folder, keep
+        # Half-written files of a killed run: never renamed, so never used; tidy them away.
+        for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
+            stale.unlink(missing_ok=True)
 
     def step_files(self) -> list[Path]:
         """Our step files, newest first."""
@@ -121,7 +126,7 @@ class Checkpointer:
     def save(self, state: dict[str, Any], step: int) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"step-{step:08d}.pt"
-        atomic_save({"format": FORMAT, "version": VERSION, **state}, path)
+        atomic_save({"format": FORMAT, "version": VERSION, **state}, path, step)
         self._point_last_at(path)
         for old in self.step_files()[self.keep :]:
             old.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from repro.data.loader import EpochBatches
+from repro.engine import faults
 from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
 from repro.engine.loggers import MetricsLog
 from repro.engine.metrics import Throughput, evaluate, weights_sha256
@@ -114,6 +115,7 @@ class Trainer:
                     pos.batch += 1
                     pos.step += 1
                     progress.advance(task)
+                    faults.point("step", pos.step)
                     if len(losses) >= self.logger_cfg.fingerprint_every_steps:
                         self._flush_losses(losses)
                     if pos.batch == batches_per_epoch:
@@ -125,7 +127,7 @@ class Trainer:
                         self._evaluate_and_log(losses, throughput)
                     if cfg.checkpoint_every_steps and pos.step % cfg.checkpoint_every_steps == 0:
                         self._checkpoint(losses)
-                    if stop.signum is not None:
+                    if stop.signum is not None or pos.step == cfg.halt_at_step:
                         self._checkpoint(losses)
                         self.stopped_by = stop.signum
                         return self.last_eval

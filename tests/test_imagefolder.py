@@ -1,0 +1,125 @@
+"""Training on a user's own ImageFolder tree: any image size, resize and crop from the config."""
+
+from __future__ import annotations
+
+import random
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import ROOT, run_cli, train_in_process
+from repro.data.sources import ImageFiles
+from repro.data.transforms import CenterCrop, ResizeShorter
+from repro.errors import DataError
+
+CLASSES = ("circle", "bar", "blank")
+
+
+def draw(kind: str, height: int, width: int, rng: random.Random) -> Image.Image:
+    pixels = np.full((height, width, 3), rng.randrange(40, 90), dtype=np.uint8)
+    if kind == "circle":
+        y, x = np.ogrid[:height, :width]
+        pixels[(y - height / 2) ** 2 + (x - width / 2) ** 2 < (min(height, width) / 3) ** 2] = 220
+    elif kind == "bar":
+        pixels[:, width // 3 : 2 * width // 3] = 220
+    return Image.fromarray(pixels)
+
+
+def make_tree(root: Path, per_class: int = 12) -> Path:
+    rng = random.Random(0)
+    for split in ("train", "val"):
+        for kind in CLASSES:
+            folder = root / split / kind
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                size = (rng.randrange(36, 60), rng.randrange(36, 60))  # any size, not square
+                draw(kind, *size, rng).save(folder / f"{i}.png")
+    return root
+
+
+IMAGEFOLDER = [
+    "data=imagefolder", "data.image_size=32", "data.resize=36", "trainer.batch_size=12",
+    "trainer.eval_batch_size=16", "trainer.epochs=2", "model.widths=[8,16]", "dataloader=debug",
+    "logger.plot=false", "optimizer.lr=0.05",
+]  # fmt: skip
+
+
+def test_trains_on_a_tree_of_pngs_of_any_size(tmp_path):
+    root = make_tree(tmp_path / "images")
+    summary = train_in_process(tmp_path / "run", *IMAGEFOLDER, f"data.root={root}")
+    assert summary["completed"] and summary["total_steps"] == 2 * (3 * 12 // 12)
+    assert 0.0 <= summary["val_acc"] <= 1.0
+    resolved = (tmp_path / "run" / "resolved_config.yaml").read_text()
+    assert "num_classes: 3" in resolved  # inferred from the class folders
+
+
+def test_classes_follow_folder_names_and_images_decode_to_uint8_chw(tmp_path):
+    root = make_tree(tmp_path / "images", per_class=2)
+    files = ImageFiles.from_folder(root / "train", sorted(CLASSES))
+    assert len(files) == 6 and sorted(set(files.labels)) == [0, 1, 2]
+    image, label = files[0]
+    assert image.dtype.is_floating_point is False and image.shape[0] == 3
+    resized = ResizeShorter(36)(image, None)
+    assert min(resized.shape[1:]) == 36
+    assert CenterCrop(32)(resized, None).shape == (3, 32, 32)
+
+
+def test_an_unreadable_image_is_named(tmp_path):
+    root = make_tree(tmp_path / "images", per_class=2)
+    broken = root / "train" / "bar" / "broken.png"
+    broken.write_bytes(b"this is not a png")
+    files = ImageFiles.from_folder(root / "train", sorted(CLASSES))
+    with pytest.raises(DataError, match="broken.png: not a readable image"):
+        files[files.paths.index(broken)]
+
+
+def test_an_unreadable_image_in_a_worker_is_one_clean_line(tmp_path):
+    root = make_tree(tmp_path / "images", per_class=2)
+    (root / "train" / "bar" / "broken.png").write_bytes(b"this is not a png")
+    done = run_cli(
+        "repro.train", *IMAGEFOLDER, f"data.root={root}", "dataloader=default",
+        "trainer.batch_size=2", f"hydra.run.dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "broken.png: not a readable image" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_missing_class_folder_in_val(tmp_path):
+    root = make_tree(tmp_path / "images", per_class=1)
+    for image in (root / "val" / "bar").iterdir():
+        image.unlink()
+    (root / "val" / "bar").rmdir()
+    with pytest.raises(DataError, match="missing class folders"):
+        train_in_process(tmp_path / "run", *IMAGEFOLDER, f"data.root={root}")
+
+
+CIFAR_JPEG = ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CIFAR_JPEG.exists(), reason="../shared/data/cifar10-jpeg.zip is absent")
+def test_cifar10_jpeg_subset_trains_above_chance(tmp_path):
+    """Real images: 300 training and 100 validation JPEGs per class, two epochs."""
+    root = tmp_path / "cifar"
+    with zipfile.ZipFile(CIFAR_JPEG) as archive:
+        names = sorted(n for n in archive.namelist() if n.endswith(".jpg"))
+        counts: dict[tuple[str, str], int] = {}
+        for name in names:
+            split, cls = name.split("/")[-3:-1]
+            key = ("val" if split == "test" else "train", cls)
+            limit = 100 if key[0] == "val" else 300
+            if counts.get(key, 0) < limit:
+                counts[key] = counts.get(key, 0) + 1
+                target = root / key[0] / cls / Path(name).name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.read(name))
+    summary = train_in_process(
+        tmp_path / "run", "data=imagefolder", f"data.root={root}", "data.resize=32",
+        "data.crop_padding=4", "trainer.epochs=4", "trainer.batch_size=100",
+        "dataloader.num_workers=2", "logger.plot=false",
+    )  # fmt: skip
+    assert summary["val_acc"] > 0.2  # chance is 0.1

@@ -1,0 +1,96 @@
+"""Killed at any moment and resumed with the same command, a run ends with the same weights."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, read_summary, run_cli, tiny
+
+# 6 batches per epoch, 2 epochs, a checkpoint every 4 steps: kills land between checkpoints,
+# on one, right after an epoch end and while a checkpoint file is being written.
+RESUMABLE = tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=4", "logger.plot=false")
+
+
+@pytest.fixture(scope="module")
+def straight_hashes(tmp_path_factory):
+    """weights_sha256 of uninterrupted runs, per number of workers."""
+    hashes = {}
+    for workers in (0, 2):
+        run_dir = tmp_path_factory.mktemp("straight") / f"w{workers}"
+        done = run_cli(
+            "repro.train", *RESUMABLE, f"dataloader.num_workers={workers}",
+            f"hydra.run.dir={run_dir}",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        hashes[workers] = read_summary(run_dir)["weights_sha256"]
+    return hashes
+
+
+@pytest.mark.parametrize(
+    ("workers", "fault"),
+    [
+        (0, "step:5"),  # mid-epoch, a step after a checkpoint
+        (0, "step:7"),  # right after the epoch-end checkpoint at step 6
+        (0, "checkpoint:8"),  # while step 8's checkpoint is half written
+        (2, "step:3"),  # before any checkpoint: resume starts from scratch
+        (2, "step:10"),  # mid-second-epoch
+        (2, "checkpoint:6"),  # while the epoch-end checkpoint is half written
+    ],
+)
+def test_sigkill_then_resume_gives_the_uninterrupted_weights(
+    workers, fault, straight_hashes, tmp_path
+):
+    run_dir = tmp_path / "run"
+    command = [*RESUMABLE, f"dataloader.num_workers={workers}", f"hydra.run.dir={run_dir}"]
+    killed = run_cli("repro.train", *command, env={"REPRO_FAULT": fault})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (run_dir / "summary.json").exists()
+
+    resumed = run_cli("repro.train", *command)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = read_summary(run_dir)
+    assert summary["weights_sha256"] == straight_hashes[workers]
+    kill_step = int(fault.split(":")[1])
+    if kill_step >= 4:
+        assert summary["resumed_from_step"] is not None
+        assert summary["resumed_from_step"] <= kill_step
+    steps = [int(line.split(",")[0]) for line in (run_dir / "fingerprints.csv").read_text().split()]
+    assert steps == list(range(1, summary["total_steps"] + 1)), "one fingerprint per step"
+    assert not list((run_dir / "checkpoints").glob(".*.tmp")), "half-written files are cleared"
+
+
+def test_sigterm_saves_the_current_step_and_resume_is_exact(straight_hashes, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [*RESUMABLE, "dataloader.num_workers=0", f"hydra.run.dir={run_dir}"]
+    # Slow the steps down a little so the signal lands mid-run.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "repro.train", *command, "logger.fingerprint_every_steps=1"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**__import__("os").environ, "PYTHONHASHSEED": "0"},
+    )  # fmt: skip
+    fingerprints = run_dir / "fingerprints.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if fingerprints.exists() and fingerprints.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    summary = read_summary(run_dir)
+    assert summary["stopped_by_signal"] == signal.SIGTERM and not summary["completed"]
+    stopped_at = summary["step"]
+    assert (run_dir / "checkpoints" / f"step-{stopped_at:08d}.pt").exists()
+
+    resumed = run_cli("repro.train", *command, "logger.fingerprint_every_steps=1")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] == stopped_at
+    assert summary["weights_sha256"] == straight_hashes[0]
