@@ -4,13 +4,11 @@ UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 RUN := $(UV) run --locked --extra dev --extra launchers
 ARGS ?=
 
-.PHONY: help setup train test test-all lint format sweep bench train-ddp clean
+.PHONY: help setup train test test-all lint format clean
 
 help:
 	@echo "make train   - train the default model on the built-in synthetic data (ARGS='key=value ...')"
 	@echo "make test    - the test suite (fast; 'make test-all' adds slow tests)"
-	@echo "make sweep   - 5 seeds of the default config and their statistics"
-	@echo "make bench   - what each speed knob buys on this machine"
 	@echo "make lint    - ruff lint and format check"
 
 setup: .venv/.synced

@@ -15,7 +15,7 @@ CASES = {
     "unknown device": (["trainer.device=tpu"], ["trainer.device='tpu'", "auto, cpu, cuda"]),
     "missing imagefolder": (
         ["data=imagefolder", "data.root=/no/such/folder"],
-        ["data.root=/no/such/folder", "train/ and val/"],
+        ["data.root=/no/such/folder", "expected a folder holding train/"],
     ),
     "fp16 on cpu": (["amp=fp16", "trainer.device=cpu"], ["amp='fp16'", "allowed here: off"]),
 }

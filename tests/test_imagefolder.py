@@ -60,7 +60,7 @@ def test_classes_follow_folder_names_and_images_decode_to_uint8_chw(tmp_path):
     root = make_tree(tmp_path / "images", per_class=2)
     files = ImageFiles.from_folder(root / "train", sorted(CLASSES))
     assert len(files) == 6 and sorted(set(files.labels)) == [0, 1, 2]
-    image, label = files[0]
+    image, _ = files[0]
     assert image.dtype.is_floating_point is False and image.shape[0] == 3
     resized = ResizeShorter(36)(image, None)
     assert min(resized.shape[1:]) == 36
@@ -72,7 +72,7 @@ def test_an_unreadable_image_is_named(tmp_path):
     broken = root / "train" / "bar" / "broken.png"
     broken.write_bytes(b"this is not a png")
     files = ImageFiles.from_folder(root / "train", sorted(CLASSES))
-    with pytest.raises(DataError, match="broken.png: not a readable image"):
+    with pytest.raises(DataError, match=r"broken\.png: not a readable image"):
         files[files.paths.index(broken)]
 
 
@@ -86,6 +86,28 @@ def test_an_unreadable_image_in_a_worker_is_one_clean_line(tmp_path):
     assert done.returncode == 2
     assert "broken.png: not a readable image" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_without_val_folder_a_seeded_part_of_train_is_held_out(tmp_path):
+    from repro.data.datasets import build_splits
+    from repro.runtime import seeding
+
+    root = make_tree(tmp_path / "images", per_class=10)
+    for image in (root / "val").rglob("*.png"):
+        image.unlink()
+    for folder in sorted((root / "val").iterdir()):
+        folder.rmdir()
+    (root / "val").rmdir()
+    cfg = __import__("conftest").compose_config(
+        *IMAGEFOLDER, f"data.root={root}", "data.val_size=6"
+    )
+    first = build_splits(cfg.data, seeding.stream_seed(0, "x"))
+    again = build_splits(cfg.data, seeding.stream_seed(0, "x"))
+    other = build_splits(cfg.data, seeding.stream_seed(1, "x"))
+    assert (len(first.train), len(first.val)) == (24, 6)
+    assert first.val.paths == again.val.paths != other.val.paths
+    assert not set(first.val.paths) & set(first.train.paths)
+    assert first.test is first.val
 
 
 def test_missing_class_folder_in_val(tmp_path):
@@ -103,15 +125,15 @@ CIFAR_JPEG = ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
 @pytest.mark.slow
 @pytest.mark.skipif(not CIFAR_JPEG.exists(), reason="../shared/data/cifar10-jpeg.zip is absent")
 def test_cifar10_jpeg_subset_trains_above_chance(tmp_path):
-    """Real images: 300 training and 100 validation JPEGs per class, two epochs."""
+    """Real images in the archive's own layout (train/, test/): 300 + 100 JPEGs per class."""
     root = tmp_path / "cifar"
     with zipfile.ZipFile(CIFAR_JPEG) as archive:
         names = sorted(n for n in archive.namelist() if n.endswith(".jpg"))
         counts: dict[tuple[str, str], int] = {}
         for name in names:
             split, cls = name.split("/")[-3:-1]
-            key = ("val" if split == "test" else "train", cls)
-            limit = 100 if key[0] == "val" else 300
+            key = (split, cls)
+            limit = 100 if split == "test" else 300
             if counts.get(key, 0) < limit:
                 counts[key] = counts.get(key, 0) + 1
                 target = root / key[0] / cls / Path(name).name
@@ -119,7 +141,7 @@ def test_cifar10_jpeg_subset_trains_above_chance(tmp_path):
                 target.write_bytes(archive.read(name))
     summary = train_in_process(
         tmp_path / "run", "data=imagefolder", f"data.root={root}", "data.resize=32",
-        "data.crop_padding=4", "trainer.epochs=4", "trainer.batch_size=100",
+        "data.crop_padding=4", "data.val_size=500", "trainer.epochs=4", "trainer.batch_size=100",
         "dataloader.num_workers=2", "logger.plot=false",
     )  # fmt: skip
     assert summary["val_acc"] > 0.2  # chance is 0.1

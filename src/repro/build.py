@@ -42,6 +42,8 @@ def splits(cfg: Any, root_seed: int) -> Splits:
 def pipelines(data_cfg: Any) -> tuple[transforms.Compose, transforms.Compose]:
     """The train and eval transforms."""
     size, resize, pad = data_cfg.image_size, data_cfg.resize, data_cfg.crop_padding
+    if resize is None and data_cfg.name == "imagefolder":
+        resize = size  # files come in any size; a batch needs one
     train = transforms.build(data_cfg.augment, size, resize, pad)
     return train, transforms.build(False, size, resize, pad)
 

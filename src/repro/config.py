@@ -96,7 +96,6 @@ class TrainerConfig:
 @dataclass
 class LoggerConfig:
     tensorboard: bool = False
-    log_every_steps: int = 50
     fingerprint_every_steps: int = 50
     progress: str = "auto"  # auto | on | off
     plot: bool = True
@@ -151,7 +150,6 @@ MINIMUM = {
     "data.val_size": (1, False),
     "data.train_size": (1, False),
     "data.test_size": (1, False),
-    "logger.log_every_steps": (1, False),
     "logger.fingerprint_every_steps": (1, False),
     "optimizer.lr": (0, False),
     "optimizer.weight_decay": (0, False),

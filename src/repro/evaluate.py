@@ -46,7 +46,10 @@ def evaluate_checkpoint(
         cfg.data.root = data_root
     root_seed = state["root_seed"]
     device = select_device(device_name)
-    precision = Precision(cfg.amp.mode, device)
+    try:
+        precision = Precision(cfg.amp.mode, device)
+    except ConfigError:  # trained with fp16 on a GPU, evaluated on a CPU: full precision
+        precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
 
     data = build.splits(cfg, root_seed)

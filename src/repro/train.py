@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -67,7 +66,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     train_loader, sampler, val_loader = build.loaders(cfg, data, pin_memory, root_seed)
     model = memory_format.model(build.model(cfg, root_seed).to(device))
     if cfg.trainer.compile:
-        model = torch.compile(model)
+        model.compile()  # in place: state_dict keys and the weights hash stay the same
     optimizer = instantiate(cfg.optimizer, params=model.parameters())
     total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
     if cfg.trainer.max_steps is not None:
@@ -89,7 +88,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         trainer.load_state_dict(state)
     resume.truncate_logs(run_dir, trainer.position.step)  # drop rows a killed attempt wrote
     if state:
-        log.info("resumed at epoch %d, batch %d, step %d", *vars(trainer.position).values())
+        pos = trainer.position
+        log.info("resumed at epoch %d, batch %d, step %d", pos.epoch, pos.batch, pos.step)
 
     log.info(
         "training %s on %s | %d train / %d val images | %d steps | seed %d | amp %s | %s",

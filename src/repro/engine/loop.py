@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 from torch.utils.data import DataLoader
 
-from repro.data.loader import EpochBatches
+from repro.data.loader import EpochBatches, close
 from repro.engine import faults
 from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
 from repro.engine.loggers import MetricsLog
@@ -96,6 +96,13 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
+        try:
+            return self._fit()
+        finally:
+            close(self.train_loader)
+            close(self.val_loader)
+
+    def _fit(self) -> dict[str, float]:
         cfg = self.trainer_cfg
         batches_per_epoch = self.sampler.batches_per_epoch()
         self.model.train()
@@ -116,8 +123,8 @@ class Trainer:
                     pos.step += 1
                     progress.advance(task)
                     faults.point("step", pos.step)
-                    if len(losses) >= self.logger_cfg.fingerprint_every_steps:
-                        self._flush_losses(losses)
+                    if pos.step % self.logger_cfg.fingerprint_every_steps == 0:
+                        self._flush_losses(losses)  # with a weights hash at this step
                     if pos.batch == batches_per_epoch:
                         pos.epoch, pos.batch = pos.epoch + 1, 0
                         if pos.epoch % cfg.eval_every_epochs == 0 or self._finished():

@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import secrets
+import signal
 import zlib
 
 import numpy as np
@@ -66,10 +67,17 @@ def seed_globals(root: int, rank: int = 0) -> None:
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader worker_init_fn: give python and numpy in each worker a distinct seed.
+    """DataLoader worker_init_fn: a distinct python and numpy seed per worker, no stop signals.
 
     torch already seeds each worker from the loader's generator; we pass that on.
     """
+    # The main process alone answers stop signals (it checkpoints). A worker drops the handler
+    # it inherited, ignores Ctrl-C (sent to the whole process group) and keeps SIGTERM's
+    # default action, which the DataLoader uses to end workers that do not exit.
+    for name, action in (("SIGINT", signal.SIG_IGN), ("SIGTERM", signal.SIG_DFL),
+                         ("SIGUSR1", signal.SIG_DFL)):  # fmt: skip
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), action)
     worker_seed = torch.initial_seed() % 2**32
     random.seed(worker_seed)
     np.random.seed(worker_seed)

@@ -1,0 +1,136 @@
+"""Checkpoints: complete state, atomic files, safe loading, and clear refusals."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import read_summary, run_cli, tiny, train_in_process
+from repro.engine import checkpoint
+from repro.engine.checkpoint import Checkpointer, TruncatedCheckpointError
+from repro.errors import CheckpointError
+
+KEEP = tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=2", "trainer.keep_checkpoints=3")
+
+
+class Exploit:
+    """Unpickling this would run a command: a checkpoint must never be able to do that."""
+
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/repro-pwned",))
+
+
+def test_a_checkpoint_holds_the_whole_state_and_loads_weights_only(tmp_path):
+    train_in_process(tmp_path / "run", *KEEP)
+    state = checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt")
+    for key in ("model", "optimizer", "scheduler", "scaler", "position", "rng", "config"):
+        assert key in state
+    assert set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
+    assert state["position"]["step"] == 12 and state["position"]["epoch"] == 2
+    assert state["config"]["trainer"]["epochs"] == 2
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["last.pt", "step-00000008.pt", "step-00000010.pt", "step-00000012.pt"]
+
+
+def test_rng_states_round_trip():
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    saved = checkpoint.capture_rng()
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    checkpoint.restore_rng(saved)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_truncated_newest_falls_back_to_the_previous_good_one(tmp_path):
+    train_in_process(tmp_path / "run", *KEEP)
+    folder = tmp_path / "run" / "checkpoints"
+    newest = folder / "step-00000012.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # last.pt is the same file (hard link)
+    path, state = Checkpointer(folder, keep=3).latest_good()
+    assert path.name == "step-00000010.pt" and state["position"]["step"] == 10
+    assert newest.exists() and (folder / "last.pt").exists(), "nothing is deleted"
+    with pytest.raises(TruncatedCheckpointError):
+        checkpoint.load(newest)
+
+
+def test_resume_after_truncation_still_ends_with_the_same_weights(tmp_path):
+    reference = train_in_process(tmp_path / "ref", *KEEP)["weights_sha256"]
+    run_dir = tmp_path / "run"
+    command = [*KEEP, f"hydra.run.dir={run_dir}"]
+    killed = run_cli("repro.train", *command, env={"REPRO_FAULT": "step:11"})
+    assert killed.returncode != 0
+    newest = run_dir / "checkpoints" / "step-00000010.pt"
+    newest.write_bytes(newest.read_bytes()[:500])
+    resumed = run_cli("repro.train", *command)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "skipping checkpoint" in resumed.stdout + resumed.stderr
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] == 8
+    assert summary["weights_sha256"] == reference
+
+
+def test_foreign_and_malicious_files_are_refused(tmp_path):
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    with pytest.raises(CheckpointError, match="not a repro checkpoint"):
+        checkpoint.load(foreign)
+
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        checkpoint.load(text)
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "repro-checkpoint", "version": 1, "payload": Exploit()}, evil)
+    with pytest.raises(CheckpointError, match="refused") as refused:
+        checkpoint.load(evil)
+    assert not isinstance(refused.value, TruncatedCheckpointError)
+    assert not os.path.exists("/tmp/repro-pwned")
+
+
+def test_a_malicious_last_pt_stops_auto_resume_and_is_kept(tmp_path):
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *KEEP)
+    last = run_dir / "checkpoints" / "last.pt"
+    last.unlink()
+    torch.save({"format": "repro-checkpoint", "version": 1, "payload": Exploit()}, last)
+    done = run_cli("repro.train", *KEEP, f"hydra.run.dir={run_dir}")
+    assert done.returncode == 2
+    assert "refused" in done.stderr and "Traceback" not in done.stderr
+    assert last.exists() and (run_dir / "checkpoints" / "step-00000012.pt").exists()
+    assert not os.path.exists("/tmp/repro-pwned")
+
+
+def test_resume_path_with_a_foreign_file_is_refused(tmp_path):
+    foreign = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(1)}, foreign)
+    done = run_cli("repro.train", *tiny(f"trainer.resume={foreign}"),
+                   f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert done.returncode == 2 and "not a repro checkpoint" in done.stderr
+
+
+def test_resuming_under_a_different_config_names_the_keys(tmp_path):
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *KEEP)
+    done = run_cli("repro.train", *KEEP, "optimizer.lr=0.5", "trainer.batch_size=32",
+                   f"hydra.run.dir={run_dir}")  # fmt: skip
+    assert done.returncode == 2
+    assert "optimizer.lr: 0.2 -> 0.5" in done.stderr and "trainer.batch_size" in done.stderr
+    more = run_cli("repro.train", *KEEP, "trainer.epochs=3", f"hydra.run.dir={run_dir}")
+    assert more.returncode == 0, more.stderr
+    assert read_summary(run_dir)["resumed_from_step"] == 12
+    assert read_summary(run_dir)["step"] == 18
+
+
+def test_checkpointer_keeps_the_newest_k_and_last_points_at_the_newest(tmp_path):
+    keeper = Checkpointer(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        keeper.save({"position": {"step": step}}, step)
+    assert [p.name for p in keeper.step_files()] == ["step-00000003.pt", "step-00000002.pt"]
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["step"] == 3
+    (tmp_path / ".step-00000004.pt.123.tmp").write_bytes(b"half")
+    Checkpointer(tmp_path, keep=2)
+    assert not list(tmp_path.glob(".*.tmp"))
