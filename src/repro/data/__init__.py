@@ -1,0 +1,1 @@
+"""Datasets (synthetic, CIFAR-10, ImageFolder), transforms and seed-keyed loaders."""

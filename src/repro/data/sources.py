@@ -1,0 +1,67 @@
+"""Image sources: indexable collections of (uint8 CHW image, label), before any transform."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from repro.errors import DataError
+
+
+class TensorImages:
+    """Images already in memory as one uint8 (N, C, H, W) tensor (synthetic, CIFAR-10)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        assert images.dtype == torch.uint8 and images.dim() == 4
+        self.images, self.labels = images, labels.long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+    def subset(self, indices: torch.Tensor) -> TensorImages:
+        return TensorImages(self.images[indices], self.labels[indices])
+
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}
+
+
+class ImageFiles:
+    """Image files on disk, decoded to RGB on access."""
+
+    def __init__(self, paths: list[Path], labels: list[int]) -> None:
+        self.paths, self.labels = paths, labels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, indices: torch.Tensor) -> ImageFiles:
+        chosen = indices.tolist()
+        return ImageFiles([self.paths[i] for i in chosen], [self.labels[i] for i in chosen])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path = self.paths[index]
+        try:
+            with Image.open(path) as image:
+                pixels = np.asarray(image.convert("RGB"))
+        except (UnidentifiedImageError, OSError) as error:
+            raise DataError(f"{path}: not a readable image ({error.__class__.__name__})") from None
+        return torch.from_numpy(pixels.copy()).permute(2, 0, 1), self.labels[index]
+
+    @classmethod
+    def from_folder(cls, root: Path, classes: list[str]) -> ImageFiles:
+        """Every image under root/<class>/, classes in the given order."""
+        paths: list[Path] = []
+        labels: list[int] = []
+        for label, name in enumerate(classes):
+            files = sorted(
+                p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES
+            )
+            paths += files
+            labels += [label] * len(files)
+        return cls(paths, labels)

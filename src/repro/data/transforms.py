@@ -1,0 +1,97 @@
+"""Per-sample image transforms on uint8 CHW tensors.
+
+Random transforms draw only from the `rng` they are handed (a private generator keyed on
+seed, epoch and sample index), never from a global generator, so a sample comes out the
+same whichever worker made it. Deterministic transforms ignore `rng`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.nn import functional
+
+Transform = Callable[[torch.Tensor, "random.Random | None"], torch.Tensor]
+
+
+class Compose:
+    def __init__(self, steps: Sequence[Transform]) -> None:
+        self.steps = list(steps)
+
+    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+        for step in self.steps:
+            image = step(image, rng)
+        return image
+
+
+class RandomCrop:
+    """A random `size` crop after zero-padding each side by `padding` (padding never copied)."""
+
+    def __init__(self, size: int, padding: int = 0) -> None:
+        self.size, self.padding = size, padding
+
+    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+        assert rng is not None
+        _, height, width = image.shape
+        top = rng.randint(0, height + 2 * self.padding - self.size) - self.padding
+        left = rng.randint(0, width + 2 * self.padding - self.size) - self.padding
+        if 0 <= top <= height - self.size and 0 <= left <= width - self.size:
+            return image[:, top : top + self.size, left : left + self.size]
+        out = image.new_zeros((image.shape[0], self.size, self.size))
+        src_top, src_left = max(top, 0), max(left, 0)
+        src_bottom, src_right = min(top + self.size, height), min(left + self.size, width)
+        out[:, src_top - top : src_bottom - top, src_left - left : src_right - left] = image[
+            :, src_top:src_bottom, src_left:src_right
+        ]
+        return out
+
+
+class HorizontalFlip:
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = p
+
+    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+        assert rng is not None
+        return image.flip(-1) if rng.random() < self.p else image
+
+
+class ResizeShorter:
+    """Resize so the shorter side is `size` (antialiased), keeping the aspect ratio."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+        height, width = image.shape[-2:]
+        if min(height, width) == self.size:
+            return image
+        scale = self.size / min(height, width)
+        shape = (max(self.size, round(height * scale)), max(self.size, round(width * scale)))
+        resized = functional.interpolate(
+            image[None].float(), size=shape, mode="bilinear", antialias=True, align_corners=False
+        )
+        return resized[0].round_().clamp_(0, 255).to(torch.uint8)
+
+
+class CenterCrop:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+        height, width = image.shape[-2:]
+        top, left = (height - self.size) // 2, (width - self.size) // 2
+        return image[:, top : top + self.size, left : left + self.size]
+
+
+def build(augment: bool, image_size: int, resize: int | None, crop_padding: int) -> Compose:
+    """Train (augment=True) or eval pipeline for square `image_size` inputs."""
+    steps: list[Transform] = []
+    if resize is not None:
+        steps.append(ResizeShorter(resize))
+    if augment:
+        steps += [RandomCrop(image_size, crop_padding), HorizontalFlip()]
+    elif resize is not None:
+        steps.append(CenterCrop(image_size))
+    return Compose(steps)
