@@ -69,6 +69,7 @@ class DataConfig:
     val_size: int = 2000
     root: Optional[str] = None
     download: bool = False
+    fraction: float = 1.0  # keep this seeded fraction of every split (debug=limit)
     # Synthetic only: the images are a fixed benchmark made from their own seed.
     train_size: int = 20000
     test_size: int = 2000
@@ -87,10 +88,12 @@ class TrainerConfig:
     label_smoothing: float = 0.0
     checkpoint_every_steps: Optional[int] = None
     keep_checkpoints: int = 2
+    save_checkpoints: bool = True  # false: write no checkpoint files at all (debug=fast)
     device: str = "auto"
     resume: str = "auto"
     compile: bool = False
     halt_at_step: Optional[int] = None
+    num_threads: Optional[int] = None
 
 
 @dataclass
@@ -139,6 +142,7 @@ MINIMUM = {
     "trainer.eval_every_steps": (1, True),
     "trainer.checkpoint_every_steps": (1, True),
     "trainer.halt_at_step": (1, True),
+    "trainer.num_threads": (1, True),
     "trainer.keep_checkpoints": (1, False),
     "trainer.grad_clip": (0, True),
     "trainer.label_smoothing": (0, False),
@@ -150,6 +154,7 @@ MINIMUM = {
     "data.val_size": (1, False),
     "data.train_size": (1, False),
     "data.test_size": (1, False),
+    "data.fraction": (0, False),
     "logger.fingerprint_every_steps": (1, False),
     "optimizer.lr": (0, False),
     "optimizer.weight_decay": (0, False),
@@ -193,6 +198,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "data.std", list(cfg.data.std), "three positive numbers (and three means)"
         )
+    if not 0 < cfg.data.fraction <= 1:
+        raise ConfigError("data.fraction", cfg.data.fraction, "in (0, 1]")
     if cfg.data.resize is not None and cfg.data.resize < cfg.data.image_size:
         allowed = f"null or >= data.image_size ({cfg.data.image_size})"
         raise ConfigError("data.resize", cfg.data.resize, allowed)

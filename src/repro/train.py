@@ -19,6 +19,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,11 +29,13 @@ from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog, plot_curves, write_json_atomic
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
-from repro.errors import UserError, exit_with
-from repro.runtime import determinism, environment, seeding
+from repro.errors import UserError, exit_with, one_line
+from repro.runtime import determinism, environment, seeding, threads
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 from repro.runtime.transfer import select_device, use_pinned_memory
+from repro.sweeps import ERROR_FILE
+from repro.sweeps.callback import SweepReport
 
 log = logging.getLogger("repro.train")
 
@@ -49,6 +52,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     device = select_device(cfg.trainer.device)
     precision = Precision(cfg.amp.mode, device)
     determinism.apply(cfg.cudnn)
+    threads.apply(cfg.trainer.num_threads)
     memory_format = MemoryFormat(cfg.memory_format.name)
 
     # A checkpoint to continue from decides the seed of a seed=random run.
@@ -124,10 +128,23 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 @hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         summary = train(cfg, run_dir)
-    except UserError as error:
-        exit_with(error)
+    except Exception as error:
+        if not in_sweep:
+            if isinstance(error, UserError):
+                exit_with(error)
+            raise
+        # One job failing must not end the sweep: record why, let the launcher go on.
+        log.error("job failed: %s", one_line(error), exc_info=not isinstance(error, UserError))
+        (run_dir / ERROR_FILE).write_text(f"{type(error).__name__}: {one_line(error)}\n")
+        return None
+    if summary["stopped_by_signal"] is not None and in_sweep:
+        log.warning(
+            "stopped by signal %d at step %d", summary["stopped_by_signal"], summary["step"]
+        )
+        return None
     if summary["stopped_by_signal"] is not None:
         signum = summary["stopped_by_signal"]
         log.warning(
@@ -149,3 +166,5 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     sys.argv = launch.expand_seed_shorthand(sys.argv)
     main()
+    if SweepReport.failed_jobs:
+        raise SystemExit(1)

@@ -1,0 +1,32 @@
+"""The Hydra callback that writes a sweep's report when the multirun ends."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+
+class SweepReport(Callback):
+    """After the last job: sweep_summary.{json,csv,md} and sweep.png, and the table printed."""
+
+    failed_jobs = 0  # read by repro.train to exit non-zero once the whole sweep is done
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from repro.sweeps import report
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        built = report.build(sweep_dir)
+        if not built.jobs:
+            return
+        report.write(built)
+        print(report.markdown(built), flush=True)
+        failed = [job for job in built.jobs if not job.ok]
+        SweepReport.failed_jobs = len(failed)
+        if failed:
+            log.warning("%d of %d jobs failed; see %s", len(failed), len(built.jobs), sweep_dir)

@@ -1,0 +1,208 @@
+"""Build a sweep's report from its job folders: per job, per group of overrides, between groups.
+
+A group is the set of a job's overrides other than the seed, minus those shared by every job
+(so `-m seed=0,1,2 amp=off,bf16` gives the groups `amp=off` and `amp=bf16`). Failed jobs are
+listed with their error line and left out of the statistics.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from repro.sweeps import ERROR_FILE
+from repro.sweeps.stats import difference_of_means, summarize
+
+METRICS = ("val_acc", "val_loss", "train_loss", "wall_s")
+
+
+@dataclass
+class Job:
+    name: str
+    overrides: list[str]
+    summary: dict[str, Any] | None
+    error: str | None
+    group: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Report:
+    sweep_dir: Path
+    jobs: list[Job]
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _is_seed(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key in ("seed", "seed.value")
+
+
+def _read_job(folder: Path) -> Job:
+    overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
+    summary_file, error_file = folder / "summary.json", folder / ERROR_FILE
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+    error = None
+    if error_file.is_file():
+        error = error_file.read_text().strip().splitlines()[-1] if error_file.read_text() else "?"
+    elif summary is None:
+        error = "no summary.json (the job was killed or is still running)"
+    elif not summary.get("completed", True):
+        error = f"stopped at step {summary.get('step')} (signal {summary.get('stopped_by_signal')})"
+    return Job(folder.name, list(overrides), summary, error)
+
+
+def collect(sweep_dir: Path) -> list[Job]:
+    folders = [p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")]
+    jobs = [_read_job(f) for f in sorted(folders, key=lambda p: (len(p.name), p.name))]
+    if not jobs:
+        return jobs
+    shared = set.intersection(*(set(j.overrides) for j in jobs))
+    for job in jobs:
+        own = sorted(o for o in job.overrides if o not in shared and not _is_seed(o))
+        job.group = " ".join(own) or "all"
+    return jobs
+
+
+def build(sweep_dir: Path) -> Report:
+    report = Report(sweep_dir, collect(sweep_dir))
+    values: dict[str, dict[str, list[float]]] = {}
+    for job in report.jobs:
+        if job.ok and job.summary is not None:
+            group = values.setdefault(job.group, {m: [] for m in METRICS})
+            for metric in METRICS:
+                group[metric].append(float(job.summary[metric]))
+    for name, metrics in values.items():
+        report.groups[name] = {m: summarize(v).as_dict() for m, v in metrics.items() if v}
+    for a, b in combinations(values, 2):
+        report.comparisons.append(
+            {
+                "a": a, "b": b,
+                **{m: difference_of_means(values[a][m], values[b][m]).as_dict() for m in METRICS},
+            }
+        )  # fmt: skip
+    return report
+
+
+def _fmt(x: float, digits: int = 4) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def markdown(report: Report) -> str:
+    lines = [f"# Sweep report: {report.sweep_dir}", ""]
+    ok = sum(job.ok for job in report.jobs)
+    lines += [f"{len(report.jobs)} jobs, {ok} finished, {len(report.jobs) - ok} failed.", ""]
+    lines += ["## Groups (95% confidence intervals, t distribution)", ""]
+    lines += [
+        "| group | metric | n | mean | std | min | max | 95% CI |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, metrics in report.groups.items():
+        for metric, s in metrics.items():
+            ci = f"[{_fmt(s['ci_low'])}, {_fmt(s['ci_high'])}]"
+            lines.append(
+                f"| {name} | {metric} | {s['count']} | {_fmt(s['mean'])} | {_fmt(s['std'])} | "
+                f"{_fmt(s['min'])} | {_fmt(s['max'])} | {ci} |"
+            )
+    if report.comparisons:
+        lines += ["", "## Differences of means (b - a, Welch 95% CI)", ""]
+        lines += ["| a | b | metric | difference | 95% CI |", "|---|---|---|---|---|"]
+        for comp in report.comparisons:
+            for metric in METRICS:
+                d = comp[metric]
+                ci = f"[{_fmt(d['ci_low'])}, {_fmt(d['ci_high'])}]"
+                lines.append(
+                    f"| {comp['a']} | {comp['b']} | {metric} | {_fmt(d['difference'])} | {ci} |"
+                )
+    lines += ["", "## Jobs", "", "| job | group | seed | val_acc | weights_sha256 | status |"]
+    lines += ["|---|---|---|---|---|---|"]
+    for job in report.jobs:
+        s = job.summary or {}
+        status = "ok" if job.ok else f"FAILED: {job.error}"
+        sha = s.get("weights_sha256", "")[:16]
+        seed, acc = s.get("seed", ""), _fmt(s.get("val_acc"))
+        lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {sha} | {status} |")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _job_row(job: Job) -> dict[str, Any]:
+    summary = job.summary or {}
+    return {
+        "job": job.name, "group": job.group, "overrides": job.overrides,
+        "status": "ok" if job.ok else "failed", "error": job.error, "seed": summary.get("seed"),
+        "weights_sha256": summary.get("weights_sha256"), **{m: summary.get(m) for m in METRICS},
+    }  # fmt: skip
+
+
+def write(report: Report) -> None:
+    """sweep_summary.json, .csv, .md and sweep.png in the sweep folder."""
+    folder = report.sweep_dir
+    payload = {
+        "sweep_dir": str(folder),
+        "jobs": [_job_row(job) for job in report.jobs],
+        "groups": report.groups,
+        "comparisons": report.comparisons,
+    }
+    _atomic_write(folder / "sweep_summary.json", json.dumps(payload, indent=2) + "\n")
+    tmp = folder / ".sweep_summary.csv.tmp"
+    with tmp.open("w", newline="") as handle:
+        columns = [
+            "job",
+            "group",
+            "overrides",
+            "status",
+            "error",
+            "seed",
+            "weights_sha256",
+            *METRICS,
+        ]
+        writer = csv.DictWriter(handle, columns)
+        writer.writeheader()
+        for row in payload["jobs"]:
+            writer.writerow({**row, "overrides": " ".join(row["overrides"])})
+    tmp.replace(folder / "sweep_summary.csv")
+    _atomic_write(folder / "sweep_summary.md", markdown(report))
+    plot(report, folder / "sweep.png")
+
+
+def plot(report: Report, out: Path) -> None:
+    """Validation accuracy per job, by group, with each group's mean and 95% CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report.groups)
+    figure, axis = plt.subplots(figsize=(max(4, 1.6 * len(names) + 2), 4))
+    for x, name in enumerate(names):
+        accs = [j.summary["val_acc"] for j in report.jobs if j.ok and j.summary and j.group == name]
+        axis.scatter([x] * len(accs), accs, color="tab:blue", alpha=0.6)
+        s = report.groups[name]["val_acc"]
+        if not math.isnan(s["ci_low"]):
+            spread = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]]
+            axis.errorbar(x + 0.15, s["mean"], yerr=spread, fmt="o", color="black", capsize=4)
+    axis.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    axis.set(ylabel="validation accuracy", title="val_acc per job; mean and 95% CI per group")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    figure.savefig(tmp, dpi=100)
+    plt.close(figure)
+    tmp.replace(out)

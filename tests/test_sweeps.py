@@ -1,0 +1,148 @@
+"""Seed sweeps: parallel launchers, the statistics report, failed jobs, unique folders."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+import yaml
+from scipy import stats
+
+from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
+from repro.sweeps import report
+
+SWEEP = tiny("trainer.num_threads=1")
+
+
+def job_dirs(sweep_dir):
+    return sorted((p for p in sweep_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_cli(
+        "repro.train", "-m", "seed=0,1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+        *SWEEP, f"hydra.sweep.dir={sweep_dir}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| group | metric |" in done.stdout  # the table is printed at the end
+
+    summary = json.loads((sweep_dir / "sweep_summary.json").read_text())
+    assert len(summary["jobs"]) == 3 and all(j["status"] == "ok" for j in summary["jobs"])
+    assert (sweep_dir / "sweep_summary.csv").read_text().count("\n") == 4
+    assert (sweep_dir / "sweep_summary.md").is_file()
+    assert (sweep_dir / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+    accs = [read_summary(d)["val_acc"] for d in job_dirs(sweep_dir)]
+    group = summary["groups"]["all"]["val_acc"]
+    assert group["count"] == 3
+    assert group["mean"] == pytest.approx(statistics.fmean(accs), abs=1e-12)
+    assert group["std"] == pytest.approx(statistics.stdev(accs), abs=1e-12)
+
+    seed0 = next(j for j in summary["jobs"] if j["seed"] == 0)
+    alone = train_in_process(tmp_path / "alone", *SWEEP, "seed=0")
+    assert seed0["weights_sha256"] == alone["weights_sha256"]
+
+
+def test_a_failing_job_does_not_stop_the_others(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_cli(
+        "repro.train", "-m", "optimizer.lr=0.1,-1,0.2", *SWEEP, f"hydra.sweep.dir={sweep_dir}"
+    )
+    assert done.returncode == 1, done.stderr  # the sweep finished, but not every job did
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["ok", "failed", "ok"]
+    assert "optimizer.lr=-1" in jobs[1]["error"] and ">= 0" in jobs[1]["error"]
+    assert "FAILED" in (sweep_dir / "sweep_summary.md").read_text()
+    # Jobs share a process with the basic launcher: no state leaks from one into the next.
+    alone = train_in_process(tmp_path / "alone", *SWEEP, "optimizer.lr=0.2")
+    assert jobs[2]["weights_sha256"] == alone["weights_sha256"]
+
+
+def fake_job(sweep_dir, num, overrides, **metrics):
+    folder = sweep_dir / str(num)
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    values = {"val_acc": 0.5, "val_loss": 1.0, "train_loss": 1.0, "wall_s": 1.0, **metrics}
+    (folder / "summary.json").write_text(json.dumps({**values, "seed": num, "completed": True}))
+
+
+def test_two_groups_statistics_and_the_difference_interval(tmp_path):
+    a = [0.90, 0.92, 0.91, 0.95]
+    b = [0.93, 0.97, 0.96]
+    for i, acc in enumerate(a):
+        fake_job(tmp_path, i, [f"seed={i}", "amp=off", "trainer.epochs=3"], val_acc=acc)
+    for i, acc in enumerate(b, start=len(a)):
+        fake_job(tmp_path, i, [f"seed={i}", "amp=bf16", "trainer.epochs=3"], val_acc=acc)
+    built = report.build(tmp_path)
+    assert set(built.groups) == {"amp=off", "amp=bf16"}  # shared overrides and seeds dropped
+    off = built.groups["amp=off"]["val_acc"]
+    half = stats.t.ppf(0.975, 3) * statistics.stdev(a) / len(a) ** 0.5
+    assert off["ci_low"] == pytest.approx(statistics.fmean(a) - half)
+    assert off["ci_high"] == pytest.approx(statistics.fmean(a) + half)
+    assert (off["min"], off["max"]) == (0.90, 0.95)
+
+    (comparison,) = built.comparisons
+    welch = stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    diff = comparison["val_acc"]
+    assert diff["difference"] == pytest.approx(statistics.fmean(b) - statistics.fmean(a))
+    assert (diff["ci_low"], diff["ci_high"]) == pytest.approx((welch.low, welch.high))
+
+
+def test_report_cli_rebuilds_a_partly_failed_sweep(tmp_path):
+    fake_job(tmp_path, 0, ["seed=0"], val_acc=0.8)
+    fake_job(tmp_path, 1, ["seed=1"], val_acc=0.9)
+    (tmp_path / "2" / ".hydra").mkdir(parents=True)
+    (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- seed=2\n")
+    (tmp_path / "2" / "error.txt").write_text("ConfigError: trainer.batch_size=0 is not allowed\n")
+    done = run_cli("repro.report", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "FAILED: ConfigError: trainer.batch_size=0" in done.stdout
+    jobs = json.loads((tmp_path / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["ok", "ok", "failed"]
+    empty = run_cli("repro.report", str(tmp_path / "nothing"))
+    assert empty.returncode == 2 and "no sweep jobs" in empty.stderr
+
+
+def test_submitit_local_sweep_of_two_jobs(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_cli(
+        "repro.train", "-m", "seed=0,1", "hydra/launcher=submitit_local", *SWEEP,
+        f"hydra.sweep.dir={sweep_dir}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["ok", "ok"]
+    assert jobs[0]["weights_sha256"] != jobs[1]["weights_sha256"]
+
+
+def test_optuna_search_runs_seeded_trials(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_cli(
+        "repro.train", "-m", "hparams_search=lr_wd", "hydra.sweeper.n_trials=2", *SWEEP,
+        f"hydra.sweep.dir={sweep_dir}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert set(result["best_params"]) == {"optimizer.lr", "optimizer.weight_decay"}
+    jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
+    assert len(jobs) == 2 and all(j["status"] == "ok" for j in jobs)
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    # The date alone would collide for certain; the run id is what keeps the folders apart.
+    pattern = f"hydra.run.dir={tmp_path}/${{now:%Y-%m-%d}}-${{run_id:}}"
+    command = [sys.executable, "-m", "repro.train", *tiny("trainer.max_steps=1"), pattern]
+    env = {**__import__("os").environ, "PYTHONHASHSEED": "0"}
+    processes = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    for process in processes:
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+    folders = [p for p in tmp_path.iterdir() if (p / "summary.json").exists()]
+    assert len(folders) == 2
