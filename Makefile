@@ -4,12 +4,13 @@ UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 RUN := $(UV) run --locked --extra dev --extra launchers
 ARGS ?=
 
-.PHONY: help setup train test test-all lint format sweep clean
+.PHONY: help setup train test test-all lint format sweep train-ddp clean
 
 help:
 	@echo "make train   - train the default model on the built-in synthetic data (ARGS='key=value ...')"
 	@echo "make test    - the test suite (fast; 'make test-all' adds slow tests)"
 	@echo "make sweep   - 5 seeds of the default config in parallel, then their statistics"
+	@echo "make train-ddp - the default run as 2 DistributedDataParallel processes (torchrun)"
 	@echo "make lint    - ruff lint and format check"
 
 setup: .venv/.synced
@@ -38,6 +39,9 @@ format: setup
 
 sweep: setup
 	$(RUN) python -m repro.train -m seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2 $(ARGS)
+
+train-ddp: setup
+	$(RUN) torchrun --nproc_per_node=2 -m repro.train $(ARGS)
 
 clean:
 	rm -rf outputs/runs outputs/sweeps .pytest_cache .ruff_cache

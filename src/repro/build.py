@@ -13,6 +13,7 @@ from repro.data import transforms
 from repro.data.datasets import Splits, build_splits
 from repro.data.loader import EpochBatches, eval_loader, train_loader
 from repro.errors import ConfigError
+from repro.runtime import distributed
 from repro.runtime.seeding import seeded
 from repro.runtime.transfer import DeviceBatches
 
@@ -48,23 +49,45 @@ def pipelines(data_cfg: Any) -> tuple[transforms.Compose, transforms.Compose]:
     return train, transforms.build(False, size, resize, pad)
 
 
+def rank_batch_size(cfg: Any, world: int) -> int:
+    """Images per step on one rank: trainer.batch_size, or its share with trainer.global_batch."""
+    size = cfg.trainer.batch_size
+    if not cfg.trainer.global_batch:
+        return size
+    if size % world:
+        allowed = f"a multiple of the {world} ranks when trainer.global_batch=true"
+        raise ConfigError("trainer.batch_size", size, allowed)
+    return size // world
+
+
 def loaders(
-    cfg: Any, data: Splits, pin_memory: bool, root_seed: int
+    cfg: Any, data: Splits, pin_memory: bool, root_seed: int, rank: int = 0, world: int = 1
 ) -> tuple[DataLoader, EpochBatches, DataLoader]:
     train_transform, eval_transform = pipelines(cfg.data)
+    batch, dl = rank_batch_size(cfg, world), cfg.dataloader
     train, sampler = train_loader(
-        data, train_transform, cfg.trainer.batch_size, cfg.dataloader, pin_memory, root_seed
+        data, train_transform, batch, dl, pin_memory, root_seed, rank, world
     )
     if sampler.batches_per_epoch() == 0:
-        raise ConfigError(
-            "trainer.batch_size",
-            cfg.trainer.batch_size,
-            f"at most the {len(data.train)} training images",
-        )
+        allowed = f"at most the {len(data.train)} training images (over all ranks)"
+        raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, allowed)
     val = eval_loader(
-        data.val, eval_transform, cfg.trainer.eval_batch_size, cfg.dataloader, pin_memory, root_seed
-    )
+        data.val, eval_transform, cfg.trainer.eval_batch_size, dl, pin_memory, root_seed, rank,
+        world,
+    )  # fmt: skip
     return train, sampler, val
+
+
+def data_parallel(
+    model: nn.Module, sync_batchnorm: bool, dist: distributed.Context, device: torch.device
+) -> nn.Module:
+    """The module the loop runs forward through: DDP under torchrun, the model itself otherwise."""
+    if not dist.enabled:
+        return model
+    if sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 def device_batches(data_cfg: Any, device: torch.device) -> DeviceBatches:

@@ -94,6 +94,8 @@ class TrainerConfig:
     compile: bool = False
     halt_at_step: Optional[int] = None
     num_threads: Optional[int] = None
+    global_batch: bool = False  # torchrun: batch_size is the total over ranks, not per rank
+    sync_batchnorm: bool = False
 
 
 @dataclass

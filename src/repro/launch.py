@@ -3,8 +3,8 @@
 - PYTHONHASHSEED is read only when an interpreter starts, so if the user has not set it we
   set it and re-execute the entry point once; children inherit it.
 - `seed=3` is shorthand for `seed.value=3` (seed is also a config group: fixed | random).
-- A run id shared by this process and its children keeps output folders unique even for
-  runs started in the same second.
+- A run's time stamp and random id, shared by this process, its launcher workers and (through
+  a broadcast) every torchrun rank, name one output folder that no other run can share.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import sys
+import time
 
 DEFAULT_HASH_SEED = "0"
 _SEED_GROUP_OPTIONS = {"fixed", "random"}
@@ -38,14 +39,50 @@ def expand_seed_shorthand(argv: list[str]) -> list[str]:
     return out
 
 
-def run_id() -> str:
-    """A short random id, the same in this process and in the workers it starts.
+def _identity() -> tuple[str, str]:
+    """(time stamp, random id) of this run, the same in this process and its direct children.
 
-    Stored in the environment with the pid that made it, and reused only by that process
-    (also after the re-exec above) or its direct children, never by an unrelated later run.
+    Stored in the environment with the pid that made it, and reused only by that process (also
+    after the re-exec above) or its direct children (launcher workers), never by an unrelated
+    later run that happens to inherit the variable.
     """
-    owner, _, token = os.environ.get("REPRO_RUN_ID", "").partition(":")
+    owner, _, rest = os.environ.get("REPRO_RUN", "").partition(":")
+    stamp, _, token = rest.partition(":")
     if not token or owner not in (str(os.getpid()), str(os.getppid())):
-        token = secrets.token_hex(3)
-        os.environ["REPRO_RUN_ID"] = f"{os.getpid()}:{token}"
-    return token
+        stamp, token = time.strftime("%Y-%m-%d/%H-%M-%S"), secrets.token_hex(3)
+        os.environ["REPRO_RUN"] = f"{os.getpid()}:{stamp}:{token}"
+    return stamp, token
+
+
+def run_id() -> str:
+    """A short random id that keeps folders of runs started in the same second apart."""
+    return _identity()[1]
+
+
+def run_stamp() -> str:
+    """The run's start time as date/time, fixed once per run (and shared by torchrun ranks)."""
+    return _identity()[0]
+
+
+def torchrun_argv(argv: list[str]) -> list[str]:
+    """Under torchrun: one run folder for all ranks, and only rank 0 writes Hydra's files.
+
+    Rank 0's time stamp and id are broadcast before Hydra names the folder, so every rank
+    resolves the same path; the other ranks skip .hydra/ and log warnings to the console only.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return argv
+    from repro.runtime import distributed
+
+    context = distributed.from_environment()
+    distributed.init(context, os.environ.get("REPRO_DIST_BACKEND", "auto"))
+    stamp, token = distributed.broadcast(_identity(), context)
+    os.environ["REPRO_RUN"] = f"{os.getpid()}:{stamp}:{token}"
+    if context.is_main:
+        return argv
+    quiet = [
+        "hydra.output_subdir=null",
+        "hydra.job_logging.root.handlers=[console]",
+        "hydra.job_logging.root.level=WARNING",
+    ]
+    return [*argv, *quiet]

@@ -30,7 +30,7 @@ from repro.engine.loggers import MetricsLog, plot_curves, write_json_atomic
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
 from repro.errors import UserError, exit_with, one_line
-from repro.runtime import determinism, environment, seeding, threads
+from repro.runtime import determinism, distributed, environment, seeding, threads
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 from repro.runtime.transfer import select_device, use_pinned_memory
@@ -41,6 +41,7 @@ log = logging.getLogger("repro.train")
 
 config.register()
 OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True)
+OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -48,8 +49,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     config.validate(cfg)
 
-    # Knobs that must be in place before any tensor is made.
-    device = select_device(cfg.trainer.device)
+    # Knobs that must be in place before any tensor is made. Under torchrun, rank 0 alone
+    # writes files; every rank computes.
+    dist = distributed.from_environment()
+    distributed.init(dist)
+    device = distributed.device_for(dist, select_device(cfg.trainer.device))
     precision = Precision(cfg.amp.mode, device)
     determinism.apply(cfg.cudnn)
     threads.apply(cfg.trainer.num_threads)
@@ -59,18 +63,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.keep_checkpoints)
     state = resume.find(cfg.trainer.resume, checkpointer)
     root_seed = state["root_seed"] if state else seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
+    root_seed = distributed.broadcast(root_seed, dist)  # one draw of seed=random for all ranks
     cfg.seed.value = root_seed
     if state:
         resume.check_compatible(state["config"], cfg)
-    seeding.seed_globals(root_seed)
+    seeding.seed_globals(root_seed, rank=dist.rank)
 
     # Data and model.
     data = build.splits(cfg, root_seed)
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
-    train_loader, sampler, val_loader = build.loaders(cfg, data, pin_memory, root_seed)
+    train_loader, sampler, val_loader = build.loaders(
+        cfg, data, pin_memory, root_seed, dist.rank, dist.world
+    )
     model = memory_format.model(build.model(cfg, root_seed).to(device))
     if cfg.trainer.compile:
         model.compile()  # in place: state_dict keys and the weights hash stay the same
+    forward_model = build.data_parallel(model, cfg.trainer.sync_batchnorm, dist, device)
     optimizer = instantiate(cfg.optimizer, params=model.parameters())
     total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
     if cfg.trainer.max_steps is not None:
@@ -78,19 +86,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
+    if dist.is_main:
+        OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
     trainer = Trainer(
         model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
         memory_format=memory_format, to_device=build.device_batches(cfg.data, device),
         train_loader=train_loader, sampler=sampler, val_loader=val_loader,
-        checkpointer=checkpointer, metrics=MetricsLog(run_dir, cfg.logger.tensorboard),
+        checkpointer=checkpointer,
+        metrics=MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main),
         fingerprints=run_dir / "fingerprints.csv", trainer_cfg=cfg.trainer,
         logger_cfg=cfg.logger, extra_state={"config": resolved, "root_seed": root_seed},
-        total_steps=total_steps,
+        total_steps=total_steps, dist=dist, forward_model=forward_model,
     )  # fmt: skip
     if state:
         trainer.load_state_dict(state)
-    resume.truncate_logs(run_dir, trainer.position.step)  # drop rows a killed attempt wrote
+    if dist.is_main:
+        resume.truncate_logs(run_dir, trainer.position.step)  # drop rows a killed attempt wrote
     if state:
         pos = trainer.position
         log.info("resumed at epoch %d, batch %d, step %d", pos.epoch, pos.batch, pos.step)
@@ -118,10 +129,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "pin_memory": pin_memory,
         "flags": determinism.snapshot(),
         "env": environment.describe(device),
+        "world_size": dist.world,
     }
-    write_json_atomic(run_dir / "summary.json", summary)
-    if cfg.logger.plot and (run_dir / "metrics.csv").exists():
-        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+    if dist.is_main:
+        write_json_atomic(run_dir / "summary.json", summary)
+        if cfg.logger.plot and (run_dir / "metrics.csv").exists():
+            plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+    distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
     return summary
 
 
@@ -164,7 +178,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.argv = launch.expand_seed_shorthand(sys.argv)
+    sys.argv = launch.torchrun_argv(launch.expand_seed_shorthand(sys.argv))
     main()
+    distributed.shutdown()
     if SweepReport.failed_jobs:
         raise SystemExit(1)

@@ -5,46 +5,57 @@ function of (seed, epoch), and each sample is augmented with a generator keyed o
 (seed, epoch, index). Batches come back from the DataLoader in sampler order whatever the
 number of workers, so the model sees the same bytes in every configuration. A resumed
 run starts the sampler at its saved batch position instead of replaying data.
+
+For in-memory sources the views build a whole batch at once (`__getitems__`, which the
+DataLoader calls with the batch's keys): one gather and vectorised crop and flip, with each
+sample's parameters drawn from its own generator exactly as the per-sample path draws them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from repro.data.datasets import Source, Splits
+from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.runtime.seeding import sample_rng, seed_worker, stream_seed, torch_generator
 
 
 class EpochBatches(Sampler[list[tuple[int, int]]]):
-    """Shuffled batches of (epoch, index) keys, starting at any batch of any epoch."""
+    """Shuffled batches of (epoch, index) keys, starting at any batch of any epoch.
+
+    With `world` ranks, step b of an epoch takes the next `batch_size * world` indices of the
+    epoch's order and rank r gets the r-th slice of `batch_size`: the ranks see disjoint data
+    and together cover the epoch (up to the incomplete last global batch, which is dropped).
+    """
 
     def __init__(
-        self, size: int, batch_size: int, root_seed: int, drop_last: bool = True
+        self, size: int, batch_size: int, root_seed: int, rank: int = 0, world: int = 1
     ) -> None:
         self.size, self.batch_size, self.root_seed = size, batch_size, root_seed
-        self.drop_last = drop_last
+        self.rank, self.world = rank, world
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.epoch, self.start = epoch, start_batch
 
     def batches_per_epoch(self) -> int:
-        full, rest = divmod(self.size, self.batch_size)
-        return full if self.drop_last or rest == 0 else full + 1
+        return self.size // (self.batch_size * self.world)
 
     def order(self, epoch: int) -> torch.Tensor:
+        """The epoch's order, the same on every rank: a pure function of (seed, epoch)."""
         return torch.randperm(self.size, generator=torch_generator(self.root_seed, "order", epoch))
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order = self.order(self.epoch).tolist()
+        step = self.batch_size * self.world
         for batch in range(self.start, self.batches_per_epoch()):
-            chunk = order[batch * self.batch_size : (batch + 1) * self.batch_size]
-            yield [(self.epoch, index) for index in chunk]
+            first = batch * step + self.rank * self.batch_size
+            yield [(self.epoch, index) for index in order[first : first + self.batch_size]]
 
     def __len__(self) -> int:
         return self.batches_per_epoch() - self.start
@@ -64,6 +75,12 @@ class TrainView(Dataset):
         image, label = self.source[index]
         return self.transform(image, sample_rng(self.stream, epoch, index)), label
 
+    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Batch | list[Any]:
+        if not (isinstance(self.source, TensorImages) and self.transform.batchable):
+            return [self[key] for key in keys]
+        rngs = [sample_rng(self.stream, epoch, index) for epoch, index in keys]
+        return gather(self.source, [index for _, index in keys], self.transform, rngs)
+
 
 class EvalView(Dataset):
     """A source through the deterministic eval transform."""
@@ -77,6 +94,31 @@ class EvalView(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.source[index]
         return self.transform(image, None), label
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch | list[Any]:
+        if not (isinstance(self.source, TensorImages) and self.transform.batchable):
+            return [self[index] for index in indices]
+        return gather(self.source, list(indices), self.transform, [None] * len(indices))
+
+
+class Batch(NamedTuple):
+    """A batch built whole by a view; `collate` passes it through untouched."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+def gather(
+    source: TensorImages, indices: list[int] | torch.Tensor, transform: Compose, rngs: list[Any]
+) -> Batch:
+    """Samples `indices` of an in-memory source through `transform.batch`, on its device."""
+    index = torch.as_tensor(indices, dtype=torch.int64, device=source.images.device)
+    return Batch(transform.batch(source.images[index], rngs), source.labels[index])
+
+
+def collate(data: Batch | list[Any]) -> Any:
+    """A batch a view built whole passes through; a list of samples is stacked as usual."""
+    return data if isinstance(data, Batch) else default_collate(data)
 
 
 def close(loader: DataLoader) -> None:
@@ -97,6 +139,7 @@ def _loader_options(cfg: Any, pin_memory: bool, root_seed: int) -> dict[str, Any
         "num_workers": workers,
         "pin_memory": pin_memory,
         "worker_init_fn": seed_worker,
+        "collate_fn": collate,
         # Seeds the workers' base seed without touching torch's global stream.
         "generator": torch_generator(root_seed, "loader"),
     }
@@ -107,20 +150,37 @@ def _loader_options(cfg: Any, pin_memory: bool, root_seed: int) -> dict[str, Any
 
 
 def train_loader(
-    splits: Splits, transform: Compose, batch_size: int, loader_cfg: Any, pin_memory: bool,
+    splits: Splits,
+    transform: Compose,
+    batch_size: int,
+    loader_cfg: Any,
+    pin_memory: bool,
     root_seed: int,
+    rank: int = 0,
+    world: int = 1,
 ) -> tuple[DataLoader, EpochBatches]:
     """The training DataLoader and its sampler (call `sampler.set_epoch` before each epoch)."""
-    sampler = EpochBatches(len(splits.train), batch_size, root_seed)
+    sampler = EpochBatches(len(splits.train), batch_size, root_seed, rank, world)
     view = TrainView(splits.train, transform, stream_seed(root_seed, "augment"))
     options = _loader_options(loader_cfg, pin_memory, root_seed)
     return DataLoader(view, batch_sampler=sampler, **options), sampler
 
 
 def eval_loader(
-    source: Source, transform: Compose, batch_size: int, loader_cfg: Any, pin_memory: bool,
+    source: Source,
+    transform: Compose,
+    batch_size: int,
+    loader_cfg: Any,
+    pin_memory: bool,
     root_seed: int,
+    rank: int = 0,
+    world: int = 1,
 ) -> DataLoader:
-    """Batches of a split in its stored order."""
+    """Batches of a split in its stored order; with `world` ranks, rank r takes every world-th
+    image from the r-th, so summed over ranks each image counts exactly once."""
     options = _loader_options(loader_cfg, pin_memory, root_seed)
-    return DataLoader(EvalView(source, transform), batch_size=batch_size, shuffle=False, **options)
+    view = EvalView(source, transform)
+    if world == 1:
+        return DataLoader(view, batch_size=batch_size, shuffle=False, **options)
+    shard = range(rank, len(source), world)
+    return DataLoader(view, batch_size=batch_size, sampler=shard, **options)

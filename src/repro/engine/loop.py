@@ -22,7 +22,8 @@ from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
 from repro.engine.loggers import MetricsLog
 from repro.engine.metrics import Throughput, evaluate, weights_sha256
 from repro.engine.signals import StopRequest
-from repro.errors import UserError
+from repro.errors import CheckpointError, UserError
+from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 
@@ -63,6 +64,8 @@ class Trainer:
     logger_cfg: Any
     extra_state: dict[str, Any]  # the config and seed, stored in every checkpoint
     total_steps: int
+    dist: distributed.Context = field(default_factory=distributed.Context)
+    forward_model: nn.Module | None = None  # the DDP wrapper under torchrun, else the model
     position: Position = field(default_factory=Position)
     last_eval: dict[str, float] = field(default_factory=dict)
     stopped_by: int | None = None
@@ -77,7 +80,7 @@ class Trainer:
             "scaler": self.precision.scaler.state_dict(),
             "position": vars(self.position).copy(),
             "last_eval": dict(self.last_eval),
-            "rng": capture_rng(),
+            "rng": distributed.gather(capture_rng(), self.dist),  # every rank's, in rank order
             **self.extra_state,
         }
 
@@ -88,10 +91,17 @@ class Trainer:
         self.precision.scaler.load_state_dict(state["scaler"])
         self.position = Position(**state["position"])
         self.last_eval = dict(state["last_eval"])
-        restore_rng(state["rng"])
+        if len(state["rng"]) != self.dist.world:
+            raise CheckpointError(
+                f"the checkpoint was written by {len(state['rng'])} process(es), this run has "
+                f"{self.dist.world}; resume with the same torchrun --nproc_per_node"
+            )
+        restore_rng(state["rng"][self.dist.rank])
 
-    def save(self) -> Path:
-        return self.checkpointer.save(self.state_dict(), self.position.step)
+    def save(self) -> None:
+        state = self.state_dict()  # a collective: every rank takes part
+        if self.dist.is_main:
+            self.checkpointer.save(state, self.position.step)
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -134,9 +144,10 @@ class Trainer:
                         self._evaluate_and_log(losses, throughput)
                     if cfg.checkpoint_every_steps and pos.step % cfg.checkpoint_every_steps == 0:
                         self._checkpoint(losses)
-                    if stop.signum is not None or pos.step == cfg.halt_at_step:
+                    signum = self._agreed_signal(stop)
+                    if signum is not None or pos.step == cfg.halt_at_step:
                         self._checkpoint(losses)
-                        self.stopped_by = stop.signum
+                        self.stopped_by = signum
                         return self.last_eval
                     if self._finished():
                         break
@@ -149,10 +160,18 @@ class Trainer:
     def _finished(self) -> bool:
         return self.position.step >= self.total_steps
 
+    def _agreed_signal(self, stop: StopRequest) -> int | None:
+        """The stop signal, if any rank got one: all ranks must stop at the same step."""
+        if not self.dist.enabled:
+            return stop.signum
+        flag = torch.tensor([stop.signum or 0])
+        signum = int(distributed.max_tensor(flag, self.dist).item())
+        return signum or None
+
     def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         images = self.memory_format.batch(images)
         with self.precision.autocast():
-            logits = self.model(images)
+            logits = (self.forward_model or self.model)(images)
             loss = nn.functional.cross_entropy(
                 logits, labels, label_smoothing=self.trainer_cfg.label_smoothing
             )
@@ -176,7 +195,10 @@ class Trainer:
         """
         if not losses:
             return
-        values = torch.stack(losses).double().cpu().tolist()
+        stacked = torch.stack(losses).double()
+        if self.dist.enabled:  # the loss of a step is the mean over ranks
+            stacked = distributed.sum_tensor(stacked, self.dist) / self.dist.world
+        values = stacked.cpu().tolist()
         first_step = self.position.step - len(values) + 1
         lines = []
         for offset, value in enumerate(values):
@@ -187,27 +209,31 @@ class Trainer:
                     f"{self.checkpointer.folder} (lower optimizer.lr or set trainer.grad_clip)"
                 )
             lines.append(f"{step},{value!r},")
-        if self.position.step % self.logger_cfg.fingerprint_every_steps == 0:
-            lines[-1] += weights_sha256(self.model)
-        with self.fingerprints.open("a") as handle:
-            handle.write("\n".join(lines) + "\n")
+        if self.dist.is_main:
+            if self.position.step % self.logger_cfg.fingerprint_every_steps == 0:
+                lines[-1] += weights_sha256(self.model)
+            with self.fingerprints.open("a") as handle:
+                handle.write("\n".join(lines) + "\n")
         self.position.loss_sum += sum(values)
         self.position.loss_count += len(values)
         losses.clear()
 
     def _checkpoint(self, losses: list[torch.Tensor]) -> None:
         self._flush_losses(losses)
-        self.save()
+        if self.trainer_cfg.save_checkpoints:
+            self.save()
 
     def _evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
         self._flush_losses(losses)
         images_per_s, wait_fraction = throughput.read()
+        images_per_s *= self.dist.world  # every rank trains as many images
         result = evaluate(
             self.model,
             self.val_loader,
             self.to_device,
             self.memory_format.batch,
             self.precision.autocast,
+            self.dist,
         )
         pos = self.position
         train_loss = pos.loss_sum / pos.loss_count if pos.loss_count else float("nan")
@@ -218,6 +244,9 @@ class Trainer:
             "lr": self.optimizer.param_groups[0]["lr"],
             "images_per_s": images_per_s, "data_wait_frac": wait_fraction,
         }  # fmt: skip
+        if not self.dist.is_main:
+            throughput.reset()
+            return
         self.metrics.row(self.last_eval)
         log.info(
             "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "

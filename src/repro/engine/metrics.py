@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from repro.runtime import distributed
+
 
 def weights_sha256(model: nn.Module) -> str:
     """SHA-256 over every state_dict tensor (name, dtype, shape, bytes) in sorted name order.
@@ -34,8 +36,9 @@ def evaluate(
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     prepare: Callable[[torch.Tensor], torch.Tensor],
     autocast: Callable[[], AbstractContextManager[None]],
+    dist: distributed.Context | None = None,
 ) -> dict[str, float]:
-    """Mean cross-entropy and accuracy over a loader."""
+    """Mean cross-entropy and accuracy over a loader (its shards summed over torchrun ranks)."""
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64)
@@ -50,7 +53,13 @@ def evaluate(
         correct += (logits.argmax(1) == labels).sum().cpu()
         count += len(labels)
     model.train(was_training)
-    return {"loss": loss_sum.item() / count, "acc": correct.item() / count}
+    totals = torch.stack(
+        [loss_sum, correct.double(), torch.tensor(float(count), dtype=torch.float64)]
+    )
+    if dist is not None:
+        totals = distributed.sum_tensor(totals, dist)
+    loss_total, correct_total, images = totals.tolist()
+    return {"loss": loss_total / images, "acc": correct_total / images}
 
 
 class Throughput:

@@ -1,0 +1,95 @@
+"""torchrun with DistributedDataParallel: one folder, rank-aware exactness, disjoint shards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, read_summary, run_cli, tiny
+from repro.data.loader import EpochBatches
+
+DDP = tiny(
+    "trainer.batch_size=32",
+    "trainer.epochs=2",
+    "trainer.checkpoint_every_steps=2",
+    "dataloader.num_workers=0",
+)  # fmt: skip  -- 384 images, 2 ranks x 32 per step: 6 steps per epoch
+
+
+def torchrun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m", "repro.train", *args,
+    ]  # fmt: skip
+    full_env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
+    return subprocess.run(
+        command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ddp")
+    # The folder name is resolved by each rank on its own: one folder proves they agree.
+    done = torchrun(*DDP, f"hydra.run.dir={base}/${{run_stamp:}}-${{run_id:}}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    folders = [p for p in base.rglob("summary.json")]
+    assert len(folders) == 1, folders
+    return folders[0].parent
+
+
+def test_two_processes_one_folder_one_summary_rank0_writes(straight):
+    summary = read_summary(straight)
+    assert summary["world_size"] == 2 and summary["completed"]
+    assert summary["total_steps"] == 12
+    assert (straight / ".hydra" / "config.yaml").exists()
+    log = (straight / "train.log").read_text()
+    assert log.count("done | val_acc") == 1, "rank 1 must not write the log"
+    steps = [line.split(",")[0] for line in (straight / "fingerprints.csv").read_text().split()]
+    assert steps == [str(s) for s in range(1, 13)], "one fingerprint per step, written once"
+    # Validation was sharded over the ranks and summed: every image counted exactly once.
+    evaluated = run_cli(
+        "repro.evaluate", f"ckpt={straight / 'checkpoints' / 'last.pt'}", "split=val"
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert f"acc {summary['val_acc']:.4f}" in evaluated.stdout
+
+
+def test_rerun_gives_the_same_weights(straight, tmp_path):
+    done = torchrun(*DDP, f"hydra.run.dir={tmp_path / 'again'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        read_summary(tmp_path / "again")["weights_sha256"]
+        == read_summary(straight)["weights_sha256"]
+    )
+
+
+def test_sigkill_of_the_whole_job_then_resume_is_exact(straight, tmp_path):
+    run_dir = tmp_path / "killed"
+    killed = torchrun(*DDP, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:9"})
+    assert killed.returncode != 0
+    assert not (run_dir / "summary.json").exists()
+    resumed = torchrun(*DDP, f"hydra.run.dir={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] == 8
+    assert summary["weights_sha256"] == read_summary(straight)["weights_sha256"]
+
+
+def test_ranks_see_disjoint_shards_that_cover_the_epoch():
+    ranks = [EpochBatches(100, 8, root_seed=3, rank=r, world=2) for r in (0, 1)]
+    seen = []
+    for sampler in ranks:
+        sampler.set_epoch(5)
+        seen.append([index for batch in sampler for epoch, index in batch])
+    assert not set(seen[0]) & set(seen[1])
+    assert len(seen[0]) == len(seen[1]) == 6 * 8  # 100 // (8 * 2) steps of 8 per rank
+    order = ranks[0].order(5).tolist()
+    assert sorted(seen[0] + seen[1]) == sorted(order[: 6 * 16])  # the dropped tail is 4 images
+    single = EpochBatches(100, 16, root_seed=3)
+    single.set_epoch(5)
+    for step, (a, b, both) in enumerate(zip(*(list(s) for s in ranks), single, strict=True)):
+        assert a + b == both, f"step {step}: the ranks together take the single-process batch"
