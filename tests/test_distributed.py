@@ -93,3 +93,17 @@ def test_ranks_see_disjoint_shards_that_cover_the_epoch():
     single.set_epoch(5)
     for step, (a, b, both) in enumerate(zip(*(list(s) for s in ranks), single, strict=True)):
         assert a + b == both, f"step {step}: the ranks together take the single-process batch"
+
+
+def test_sync_batchnorm_on_cpu_is_a_clear_config_error():
+    import torch
+
+    from repro import build
+    from repro.errors import ConfigError
+    from repro.models.small_cnn import SmallCNN
+    from repro.runtime.distributed import Context
+
+    with pytest.raises(ConfigError, match="trainer.sync_batchnorm"):
+        build.data_parallel(SmallCNN(), True, Context(rank=0, world=2), torch.device("cpu"))
+    model = SmallCNN()
+    assert build.data_parallel(model, True, Context(), torch.device("cpu")) is model

@@ -84,7 +84,10 @@ def data_parallel(
     """The module the loop runs forward through: DDP under torchrun, the model itself otherwise."""
     if not dist.enabled:
         return model
-    if sync_batchnorm:
+    if sync_batchnorm and device.type != "cuda":
+        allowed = "false on CPU: torch's SyncBatchNorm runs on GPUs only"
+        raise ConfigError("trainer.sync_batchnorm", True, allowed)
+    if sync_batchnorm:  # in place: the optimizer's parameters stay the same objects
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
