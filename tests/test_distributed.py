@@ -103,7 +103,7 @@ def test_sync_batchnorm_on_cpu_is_a_clear_config_error():
     from repro.models.small_cnn import SmallCNN
     from repro.runtime.distributed import Context
 
-    with pytest.raises(ConfigError, match="trainer.sync_batchnorm"):
+    with pytest.raises(ConfigError, match=r"trainer\.sync_batchnorm"):
         build.data_parallel(SmallCNN(), True, Context(rank=0, world=2), torch.device("cpu"))
     model = SmallCNN()
     assert build.data_parallel(model, True, Context(), torch.device("cpu")) is model
