@@ -1,0 +1,39 @@
+"""PYTHONHASHSEED is fixed before the training interpreter starts, and a user's value wins."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, read_summary, tiny
+
+
+def run_without_hash_seed(run_dir, value: str | None):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    if value is not None:
+        env["PYTHONHASHSEED"] = value
+    command = [sys.executable, "-m", "repro.train", *tiny("trainer.max_steps=1"),
+               f"hydra.run.dir={run_dir}"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return read_summary(run_dir)["env"]["pythonhashseed"]
+
+
+def test_entry_point_pins_the_hash_seed_and_respects_the_users(tmp_path):
+    assert run_without_hash_seed(tmp_path / "unset", None) == "0"
+    assert run_without_hash_seed(tmp_path / "user", "123") == "123"
+
+
+def test_launch_reexecutes_only_when_unset(monkeypatch):
+    from repro import launch
+
+    calls = []
+    monkeypatch.setattr(os, "execv", lambda *args: calls.append(args))
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    launch.pin_hash_seed("repro.train")
+    assert calls == []
+    monkeypatch.delenv("PYTHONHASHSEED")
+    launch.pin_hash_seed("repro.train")
+    assert os.environ["PYTHONHASHSEED"] == "0"
+    assert calls and calls[0][1][1:3] == ["-m", "repro.train"]
