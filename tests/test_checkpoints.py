@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import read_summary, run_cli, tiny, train_in_process
 from repro.engine import checkpoint
 from repro.engine.checkpoint import Checkpointer, TruncatedCheckpointError
 from repro.errors import CheckpointError
+
+from conftest import read_summary, run_cli, tiny, train_in_process
 
 KEEP = tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=2", "trainer.keep_checkpoints=3")
 

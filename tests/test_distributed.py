@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT, read_summary, run_cli, tiny
 from repro.data.loader import EpochBatches
+
+from conftest import ROOT, read_summary, run_cli, tiny
 
 DDP = tiny(
     "trainer.batch_size=32",

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ROOT, run_cli, train_in_process
 from repro.data.sources import ImageFiles
 from repro.data.transforms import CenterCrop, ResizeShorter
 from repro.errors import DataError
+
+from conftest import ROOT, run_cli, train_in_process
 
 CLASSES = ("circle", "bar", "blank")
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose_config, read_summary, tiny, train_in_process
 from repro.data.loader import EpochBatches
 from repro.errors import ConfigError
 from repro.launch import expand_seed_shorthand
@@ -18,6 +17,8 @@ from repro.models.small_cnn import SmallCNN
 from repro.runtime import determinism, seeding
 from repro.runtime.precision import Precision
 from repro.runtime.transfer import use_pinned_memory
+
+from conftest import compose_config, read_summary, tiny, train_in_process
 
 
 @pytest.fixture

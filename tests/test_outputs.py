@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import json
 
-from conftest import read_summary, run_cli, tiny
 from repro.engine.loggers import COLUMNS
+
+from conftest import read_summary, run_cli, tiny
 
 
 def test_run_folder_holds_every_output(tmp_path):

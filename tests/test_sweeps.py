@@ -11,8 +11,9 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
 from repro.sweeps import report
+
+from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
 
 SWEEP = tiny("trainer.num_threads=1")
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cli, tiny, train_in_process
 from repro import verify
 from repro.engine.loop import Trainer
+
+from conftest import run_cli, tiny, train_in_process
 
 RUN = tiny("trainer.epochs=2", "logger.fingerprint_every_steps=3")
 

@@ -44,6 +44,7 @@ class DataLoaderConfig:
     pin_memory: bool = True
     persistent_workers: bool = True
     prefetch_factor: int = 2
+    on_device: bool = False  # dataloader=device: in-memory data kept and augmented on the device
 
 
 @dataclass

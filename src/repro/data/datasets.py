@@ -98,6 +98,22 @@ def _imagefolder(cfg: Any, split_seed: int) -> Splits:
 BUILDERS = {"synthetic": _synthetic, "cifar10": _cifar10, "imagefolder": _imagefolder}
 
 
+def _keep_fraction(source: Source, fraction: float, split_seed: int, split: str) -> Source:
+    """A seeded subset of `fraction` of a split (at least one image), in the original order."""
+    keep = max(1, round(len(source) * fraction))
+    order = torch.randperm(len(source), generator=torch_generator(split_seed, f"fraction/{split}"))
+    return source.subset(order[:keep].sort().values)
+
+
 def build_splits(cfg: Any, split_seed: int) -> Splits:
-    """The dataset named by `data.name`."""
-    return BUILDERS[cfg.name](cfg, split_seed)
+    """The dataset named by `data.name`, cut to `data.fraction` of every split."""
+    splits = BUILDERS[cfg.name](cfg, split_seed)
+    fraction = cfg.get("fraction", 1.0)  # absent from configs stored by older checkpoints
+    if fraction >= 1:
+        return splits
+    train = _keep_fraction(splits.train, fraction, split_seed, "train")
+    val = _keep_fraction(splits.val, fraction, split_seed, "val")
+    # Without test/, ImageFolder evaluates on val/: keep the same images for both.
+    same = splits.test is splits.val
+    test = val if same else _keep_fraction(splits.test, fraction, split_seed, "test")
+    return Splits(train, val, test, splits.classes)

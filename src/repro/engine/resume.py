@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 MAY_CHANGE = (
     "trainer.epochs", "trainer.max_steps", "trainer.resume", "trainer.eval_every_epochs",
     "trainer.eval_every_steps", "trainer.checkpoint_every_steps", "trainer.keep_checkpoints",
-    "trainer.eval_batch_size", "trainer.halt_at_step", "dataloader.", "logger.", "seed.mode",
+    "trainer.eval_batch_size", "trainer.halt_at_step",
+    "trainer.save_checkpoints", "dataloader.", "logger.", "seed.mode",
     "data.root", "data.download",
 )  # fmt: skip
 

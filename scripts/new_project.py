@@ -1,0 +1,169 @@
+"""Start a new experiment from this template: `python scripts/new_project.py NAME [--dest DIR]`.
+
+Copies the template's files (what git tracks, plus new files it does not ignore) into DIR
+(default: ../NAME next to the template), renames the package `repro` to NAME in paths, code,
+configs, tests and docs, records where it came from in TEMPLATE.md, and makes one initial
+commit in a fresh git repository. Leaves behind run outputs, caches, virtual environments and
+git-ignored local files. Standard library only, so any Python 3.10+ can run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+OLD = "repro"  # the template's package name; in a generated project, that project's name
+ROOT = Path(__file__).resolve().parents[1]
+# Names that would hide a module the project imports, or one of its own top-level folders.
+SHADOWED = {
+    "torch", "torchvision", "hydra", "omegaconf", "numpy", "PIL", "pillow", "rich",
+    "matplotlib", "tensorboard", "yaml", "pytest", "ruff", "uv", "pip", "setuptools",
+    "hatchling", "joblib", "submitit", "optuna", "test", "tests", "src", "conf", "scripts",
+    "docs", "outputs", "data",
+}  # fmt: skip
+SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl"}
+WORD = re.compile(rf"\b{OLD}\b", re.IGNORECASE)  # not "reproducible": \b needs a word end
+ENV_PREFIX = re.compile(rf"\b{OLD.upper()}_")  # environment variables such as REPRO_DATA
+
+
+class RefusedError(Exception):
+    """A bad name or destination: reported in one line, exit status 2."""
+
+
+def check_name(name: str) -> None:
+    """Refuse names that cannot be, or should not be, a top-level Python package."""
+    if not (name.isidentifier() and name.isascii()):
+        raise RefusedError(f"{name!r} is not a Python identifier (use letters, digits and _)")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise RefusedError(f"{name!r} is a Python keyword")
+    if name in SHADOWED or name in sys.stdlib_module_names or name.lower() in SHADOWED:
+        raise RefusedError(f"{name!r} would shadow the module or folder of that name; pick another")
+
+
+def check_dest(dest: Path) -> None:
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise RefusedError(f"{dest} already exists and is not an empty folder")
+    if dest.resolve().is_relative_to(ROOT.resolve()):
+        raise RefusedError(f"{dest} is inside the template; choose a folder outside {ROOT}")
+
+
+def git(*args: str, cwd: Path) -> str:
+    """Run git and return its stdout; raise CalledProcessError on failure."""
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def is_kept(rel: str) -> bool:
+    """False for caches, environments, run outputs and local files, whatever git says."""
+    parts = rel.split("/")
+    if SKIP_PARTS & set(parts) or any(part.endswith(".egg-info") for part in parts):
+        return False
+    if rel.endswith(".pyc") or rel == "TEMPLATE.md":  # TEMPLATE.md is written anew
+        return False
+    if parts[0] == "outputs":
+        return rel == "outputs/.gitkeep"
+    if parts[:2] == ["conf", "local"]:
+        return rel == "conf/local/.gitkeep"
+    return parts[0] != "data"
+
+
+def template_files() -> list[str]:
+    """Tracked and not-ignored untracked files, relative to ROOT; a filtered walk without git."""
+    try:
+        listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT)
+        files = [f for f in listed.split("\0") if f and (ROOT / f).is_file()]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        files = []
+        for folder, subfolders, names in os.walk(ROOT):
+            subfolders[:] = [d for d in subfolders if d not in SKIP_PARTS]  # never enter .venv
+            files += [(Path(folder) / n).relative_to(ROOT).as_posix() for n in names]
+    return sorted(f for f in set(files) if is_kept(f))
+
+
+def provenance() -> str:
+    """TEMPLATE.md: the template's version, commit and whether it had uncommitted changes."""
+    init = (ROOT / "src" / OLD / "__init__.py").read_text()
+    found = re.search(r"""__version__\s*=\s*["']([^"']+)""", init)
+    version = found.group(1) if found else "unknown"
+    try:
+        commit = git("rev-parse", "HEAD", cwd=ROOT).strip()
+        dirty = "yes" if git("status", "--porcelain", cwd=ROOT).strip() else "no"
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown (not a git checkout)", "unknown"
+    return (
+        f"# Template\n\nThis project was made with `scripts/new_project.py` from the `{OLD}` "
+        f"template.\n\n- version: {version}\n- commit: {commit}\n"
+        f"- uncommitted changes in the template: {dirty}\n"
+    )
+
+
+def locked(name: str) -> str:
+    """A project name as uv writes it in uv.lock: my_exp becomes my-exp."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def rename(text: str, rel: str, name: str) -> str:
+    """The file's text with the package renamed; in uv.lock only the project's own entry."""
+    if rel == "uv.lock":
+        return text.replace(f'\nname = "{locked(OLD)}"\n', f'\nname = "{locked(name)}"\n')
+    return WORD.sub(name, ENV_PREFIX.sub(f"{name.upper()}_", text))
+
+
+def copy_project(name: str, dest: Path) -> int:
+    """Copy and rename every template file into dest; returns how many were written."""
+    files = template_files()
+    for rel in files:
+        source, target = ROOT / rel, dest / WORD.sub(name, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.write_text(rename(source.read_text(encoding="utf-8"), rel, name), "utf-8")
+        except UnicodeDecodeError:  # a binary file: copied as it is
+            shutil.copyfile(source, target)
+        shutil.copymode(source, target)
+    (dest / "TEMPLATE.md").write_text(provenance(), encoding="utf-8")
+    return len(files) + 1
+
+
+def initial_commit(dest: Path) -> None:
+    """git init and one commit; an identity is supplied only where git has none."""
+    git("init", "--quiet", cwd=dest)
+    git("add", "--all", cwd=dest)
+    identity: list[str] = []
+    for key, fallback in (("user.name", "new_project.py"), ("user.email", "new_project@localhost")):
+        done = subprocess.run(["git", "config", key], cwd=dest, capture_output=True, text=True)
+        if not done.stdout.strip():
+            identity += ["-c", f"{key}={fallback}"]
+    git(*identity, "commit", "--quiet", "-m", f"Start from the {OLD} template", cwd=dest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("name", help="the new package name, a Python identifier")
+    parser.add_argument("--dest", type=Path, help="where to write it (default: ../NAME)")
+    args = parser.parse_args(argv)
+    dest = (args.dest or ROOT.parent / args.name).expanduser().absolute()
+    try:
+        check_name(args.name)
+        check_dest(dest)
+    except RefusedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    count = copy_project(args.name, dest)
+    try:
+        initial_commit(dest)
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or error
+        print(f"error: {count} files written to {dest}, but git failed: {detail}", file=sys.stderr)
+        return 1
+    print(f"{dest}: {count} files, package {args.name}, one commit; next: cd {dest} && make test")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""scripts/new_project.py: a renamed, self-contained copy that trains, with one fresh commit."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "new_project.py"
+TEMPLATE = "repro"  # the package this project calls itself (new projects rewrite it, too)
+NAME = "ember_lab"
+OLD_WORD = re.compile(rf"\b{TEMPLATE}\b", re.IGNORECASE)  # "reproducible" does not match
+
+
+def new_project(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPT), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("new") / NAME
+    done = new_project(NAME, "--dest", str(dest))
+    assert done.returncode == 0, done.stderr
+    return dest
+
+
+def test_the_package_is_renamed_everywhere(project):
+    assert (project / "src" / NAME / "train.py").is_file()
+    assert not (project / "src" / TEMPLATE).exists()
+    left = {
+        str(path.relative_to(project)): OLD_WORD.findall(path.read_text(errors="replace"))
+        for path in files(project)
+        if path.name != "TEMPLATE.md"
+    }
+    assert {path: found for path, found in left.items() if found} == {}
+    pyproject = (project / "pyproject.toml").read_text()
+    assert f'name = "{NAME}"' in pyproject and f'packages = ["src/{NAME}"]' in pyproject
+    assert 'name = "ember-lab"' in (project / "uv.lock").read_text()  # uv's normalised name
+    assert f"_target_: {NAME}.models" in (project / "conf" / "model" / "small_cnn.yaml").read_text()
+    assert f"python -m {NAME}.train" in (project / "README.md").read_text()
+    assert "EMBER_LAB_DATA" in (project / "conf" / "data" / "cifar10.yaml").read_text()
+    assert "## Reproducibility" in (project / "README.md").read_text()  # only the name changed
+
+
+def test_fresh_history_provenance_and_nothing_left_over(project):
+    assert git("rev-list", "--count", "HEAD", cwd=project).strip() == "1"
+    assert git("status", "--porcelain", cwd=project) == ""  # every file is in that commit
+    template_md = (project / "TEMPLATE.md").read_text()
+    version = re.search(r'__version__ = "(.+)"', (ROOT / "src/repro/__init__.py").read_text())
+    assert f"version: {version.group(1)}" in template_md
+    if (ROOT / ".git").exists():
+        assert git("rev-parse", "HEAD", cwd=ROOT).strip() in template_md
+    assert re.search(r"uncommitted changes in the template: (yes|no)", template_md)
+    names = {p.name for p in project.rglob("*")}
+    assert not names & {".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl"}
+    assert [p.name for p in (project / "outputs").iterdir()] == [".gitkeep"]
+    assert [p.name for p in (project / "conf" / "local").iterdir()] == [".gitkeep"]
+
+
+def test_the_new_project_trains_from_its_own_code(project, tmp_path):
+    # The current venv has every dependency, so PYTHONPATH stands in for a second `uv sync`.
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "PYTHONHASHSEED": "0"}
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", f"{NAME}.train", "debug=fast", "dataloader=debug",
+         f"hydra.run.dir={run_dir}"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (run_dir / "summary.json").is_file() and not (run_dir / "checkpoints").exists()
+    resolved = (run_dir / "resolved_config.yaml").read_text()  # only the new project has NAME
+    assert f"_target_: {NAME}.models.small_cnn.SmallCNN" in resolved
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+def test_the_lock_file_still_matches_the_project(project):
+    done = subprocess.run(
+        ["uv", "lock", "--check", "--offline"], cwd=project, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_generated_project_starts_projects_too(project, tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(project / "scripts" / "new_project.py"), "grandchild",
+         "--dest", str(tmp_path / "grandchild")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    made = tmp_path / "grandchild"
+    assert 'name = "grandchild"' in (made / "uv.lock").read_text()
+    assert f"`{NAME}` template" in (made / "TEMPLATE.md").read_text()
+    assert not [p for p in files(made) if NAME in p.read_text() and p.name != "TEMPLATE.md"]
+
+
+@pytest.mark.parametrize("name", ["2fast", "my-exp", "class", "torch", "hydra", "test", "os"])
+def test_bad_names_are_refused_in_one_line(name, tmp_path):
+    done = new_project(name, "--dest", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_non_empty_destination_is_refused(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep me")
+    done = new_project(NAME, "--dest", str(tmp_path))
+    assert done.returncode == 2 and "not an empty folder" in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("new_project", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("use_git", [True, False], ids=["git", "no-git"])
+def test_ignored_files_stay_behind_and_dest_defaults_to_a_sibling(use_git, tmp_path, monkeypatch):
+    """A fake template full of things not to copy, with or without git; no git identity."""
+    template = tmp_path / "template"
+    keep = {
+        ".gitignore": (ROOT / ".gitignore").read_text(),
+        f"src/{TEMPLATE}/__init__.py": '__version__ = "9.9"\n',
+        "conf/local/.gitkeep": "", "outputs/.gitkeep": "", "README.md": f"# {TEMPLATE}\n",
+    }  # fmt: skip
+    for rel, text in keep.items():
+        (template / rel).parent.mkdir(parents=True, exist_ok=True)
+        (template / rel).write_text(text)
+    if use_git:
+        git("init", "--quiet", cwd=template)
+        git("add", "--all", cwd=template)
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "t", cwd=template)
+    junk = [
+        "outputs/runs/a/summary.json", ".venv/bin/python", f"src/{TEMPLATE}/__pycache__/x.pyc",
+        ".pytest_cache/v", ".ruff_cache/v", ".whl/x.whl", "conf/local/default.yaml", "data/x.bin",
+    ]  # fmt: skip
+    for rel in junk:
+        (template / rel).parent.mkdir(parents=True, exist_ok=True)
+        (template / rel).write_text("junk")
+    script = load_script()
+    monkeypatch.setattr(script, "ROOT", template)
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-gitconfig"))  # no identity
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    assert script.main(["zebra"]) == 0
+    made = tmp_path / "zebra"  # ../NAME next to the template
+    copied = {str(p.relative_to(made)) for p in files(made)}
+    assert copied == {
+        ".gitignore", "src/zebra/__init__.py", "conf/local/.gitkeep", "outputs/.gitkeep",
+        "README.md", "TEMPLATE.md",
+    }  # fmt: skip
+    assert (made / "README.md").read_text() == "# zebra\n"
+    assert git("log", "--format=%an", cwd=made).strip() == "new_project.py"
+    assert "version: 9.9" in (made / "TEMPLATE.md").read_text()
+    expected = "uncommitted changes in the template: " + ("no" if use_git else "unknown")
+    assert expected in (made / "TEMPLATE.md").read_text()
