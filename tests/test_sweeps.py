@@ -15,7 +15,8 @@ from repro.sweeps import report
 
 from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
 
-SWEEP = tiny("trainer.num_threads=1")
+# One DataLoader worker: inside a joblib job, workers must still start.
+SWEEP = tiny("trainer.num_threads=1", "dataloader.num_workers=1")
 
 
 def job_dirs(sweep_dir):

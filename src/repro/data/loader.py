@@ -13,6 +13,7 @@ sample's parameters drawn from its own generator exactly as the per-sample path 
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -107,6 +108,18 @@ class Batch(NamedTuple):
     images: torch.Tensor
     labels: torch.Tensor
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # From a worker, a CPU batch travels by value through the pipe: a tensor would go
+        # through a fresh shared-memory block per batch, whose first touch in the main
+        # process (page faults) costs more than copying a batch of small images.
+        if self.images.device.type != "cpu":
+            return Batch, (self.images, self.labels)
+        return _batch_from_arrays, (self.images.numpy(), self.labels.numpy())
+
+
+def _batch_from_arrays(images: Any, labels: Any) -> Batch:
+    return Batch(torch.from_numpy(images), torch.from_numpy(labels))
+
 
 def gather(
     source: TensorImages, indices: list[int] | torch.Tensor, transform: Compose, rngs: list[Any]
@@ -127,6 +140,9 @@ def close(loader: DataLoader) -> None:
     Left to interpreter exit (after an error, say), workers are terminated while
     multiprocessing joins them, and torch reports that as a second, confusing error.
     """
+    if hasattr(loader, "wrapped"):  # behind a transfer.Prefetcher or Receiver
+        getattr(loader, "stop", lambda: None)()
+        loader = loader.wrapped
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
@@ -146,6 +162,9 @@ def _loader_options(cfg: Any, pin_memory: bool, root_seed: int) -> dict[str, Any
     if workers > 0:
         options["persistent_workers"] = bool(cfg.persistent_workers)
         options["prefetch_factor"] = int(cfg.prefetch_factor)
+        # The platform's own start method, named explicitly: inside a joblib (loky) job the
+        # process-wide default is loky's, which cannot start DataLoader workers.
+        options["multiprocessing_context"] = multiprocessing.get_all_start_methods()[0]
     return options
 
 
