@@ -9,13 +9,13 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader
 
-from repro.data import transforms
+from repro.data import device_loader, transforms
 from repro.data.datasets import Splits, build_splits
 from repro.data.loader import EpochBatches, eval_loader, train_loader
 from repro.errors import ConfigError
 from repro.runtime import distributed
 from repro.runtime.seeding import seeded
-from repro.runtime.transfer import DeviceBatches
+from repro.runtime.transfer import DeviceBatches, prefetched
 
 
 def model(cfg: Any, root_seed: int) -> nn.Module:
@@ -61,10 +61,17 @@ def rank_batch_size(cfg: Any, world: int) -> int:
 
 
 def loaders(
-    cfg: Any, data: Splits, pin_memory: bool, root_seed: int, rank: int = 0, world: int = 1
-) -> tuple[DataLoader, EpochBatches, DataLoader]:
+    cfg: Any, data: Splits, pin_memory: bool, root_seed: int, rank: int = 0, world: int = 1,
+    device: torch.device | None = None,
+) -> tuple[DataLoader, EpochBatches, DataLoader]:  # fmt: skip
+    """Train loader, its sampler, validation loader; each yields (uint8 images, labels)."""
     train_transform, eval_transform = pipelines(cfg.data)
     batch, dl = rank_batch_size(cfg, world), cfg.dataloader
+    if dl.on_device:  # dataloader=device: the split lives on the device, batches made there
+        on = device or torch.device("cpu")
+        return device_loader.loaders(
+            cfg, data, train_transform, eval_transform, batch, root_seed, on, rank, world
+        )  # type: ignore[return-value]
     train, sampler = train_loader(
         data, train_transform, batch, dl, pin_memory, root_seed, rank, world
     )
@@ -75,7 +82,11 @@ def loaders(
         data.val, eval_transform, cfg.trainer.eval_batch_size, dl, pin_memory, root_seed, rank,
         world,
     )  # fmt: skip
-    return train, sampler, val
+    prepare, workers = device_batches(cfg.data, device or torch.device("cpu")), dl.num_workers
+    return (
+        prefetched(train, prepare, pin_memory, workers), sampler,
+        prefetched(val, prepare, pin_memory, workers),
+    )  # fmt: skip
 
 
 def data_parallel(

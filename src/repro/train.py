@@ -33,7 +33,7 @@ from repro.errors import UserError, exit_with, one_line
 from repro.runtime import determinism, distributed, environment, seeding, threads
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-from repro.runtime.transfer import select_device, use_pinned_memory
+from repro.runtime.transfer import reuse_host_memory, select_device, use_pinned_memory
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.callback import SweepReport
 
@@ -55,6 +55,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     distributed.init(dist)
     device = distributed.device_for(dist, select_device(cfg.trainer.device))
     precision = Precision(cfg.amp.mode, device)
+    reuse_host_memory()
     determinism.apply(cfg.cudnn)
     threads.apply(cfg.trainer.num_threads)
     memory_format = MemoryFormat(cfg.memory_format.name)
@@ -73,7 +74,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     data = build.splits(cfg, root_seed)
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
     train_loader, sampler, val_loader = build.loaders(
-        cfg, data, pin_memory, root_seed, dist.rank, dist.world
+        cfg, data, pin_memory, root_seed, dist.rank, dist.world, device
     )
     model = memory_format.model(build.model(cfg, root_seed).to(device))
     if cfg.trainer.compile:

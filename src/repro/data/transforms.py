@@ -3,6 +3,10 @@
 Random transforms draw only from the `rng` they are handed (a private generator keyed on
 seed, epoch and sample index), never from a global generator, so a sample comes out the
 same whichever worker made it. Deterministic transforms ignore `rng`.
+
+`Compose.batch` applies the same pipeline to a whole uint8 NCHW batch with tensor ops (on
+any device), drawing each sample's parameters from that sample's own generator in the same
+order as the per-sample path, so both give the same bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,17 @@ class Compose:
             image = step(image, rng)
         return image
 
+    @property
+    def batchable(self) -> bool:
+        """Whether every step has a whole-batch form (resizing has none: sizes may differ)."""
+        return all(hasattr(step, "batch") for step in self.steps)
+
+    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+        """The pipeline on a uint8 (N, C, H, W) batch; rngs[i] is sample i's generator."""
+        for step in self.steps:
+            images = step.batch(images, rngs)  # type: ignore[attr-defined]
+        return images
+
 
 class RandomCrop:
     """A random `size` crop after zero-padding each side by `padding` (padding never copied)."""
@@ -32,11 +47,16 @@ class RandomCrop:
     def __init__(self, size: int, padding: int = 0) -> None:
         self.size, self.padding = size, padding
 
-    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+    def draw(self, rng: random.Random | None, height: int, width: int) -> tuple[int, int]:
+        """The crop's top-left corner in unpadded coordinates (negative inside the padding)."""
         assert rng is not None
-        _, height, width = image.shape
         top = rng.randint(0, height + 2 * self.padding - self.size) - self.padding
         left = rng.randint(0, width + 2 * self.padding - self.size) - self.padding
+        return top, left
+
+    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+        _, height, width = image.shape
+        top, left = self.draw(rng, height, width)
         if 0 <= top <= height - self.size and 0 <= left <= width - self.size:
             return image[:, top : top + self.size, left : left + self.size]
         out = image.new_zeros((image.shape[0], self.size, self.size))
@@ -47,14 +67,39 @@ class RandomCrop:
         ]
         return out
 
+    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+        """Every sample's crop in one gather from a window view of the zero-padded batch."""
+        n, channels, height, width = images.shape
+        corners = [self.draw(rng, height, width) for rng in rngs]
+        pad = self.padding
+        offsets = torch.tensor(corners, dtype=torch.int64).add_(pad).to(images.device)
+        padded = images
+        if pad:
+            padded = images.new_zeros((n, channels, height + 2 * pad, width + 2 * pad))
+            padded[:, :, pad : pad + height, pad : pad + width] = images
+        # (n, C, rows, cols, size, size): every crop position as a view, nothing copied.
+        windows = padded.unfold(2, self.size, 1).unfold(3, self.size, 1)
+        samples = torch.arange(n, device=images.device)
+        return windows[samples, :, offsets[:, 0], offsets[:, 1]]
+
 
 class HorizontalFlip:
     def __init__(self, p: float = 0.5) -> None:
         self.p = p
 
-    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+    def draw(self, rng: random.Random | None) -> bool:
         assert rng is not None
-        return image.flip(-1) if rng.random() < self.p else image
+        return rng.random() < self.p
+
+    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+        return image.flip(-1) if self.draw(rng) else image
+
+    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+        flips = torch.tensor([self.draw(rng) for rng in rngs], dtype=torch.bool)
+        chosen = flips.nonzero().view(-1).to(images.device)
+        out = images.clone(memory_format=torch.contiguous_format)
+        out[chosen] = images[chosen].flip(-1)
+        return out
 
 
 class ResizeShorter:
@@ -82,7 +127,10 @@ class CenterCrop:
     def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
         height, width = image.shape[-2:]
         top, left = (height - self.size) // 2, (width - self.size) // 2
-        return image[:, top : top + self.size, left : left + self.size]
+        return image[..., top : top + self.size, left : left + self.size]
+
+    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+        return self(images, None).contiguous()
 
 
 def build(augment: bool, image_size: int, resize: int | None, crop_padding: int) -> Compose:

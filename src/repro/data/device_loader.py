@@ -1,0 +1,94 @@
+"""`dataloader=device`: in-memory datasets kept on the device, batches built with tensor ops.
+
+The whole uint8 split is copied to the device once. Each batch is one gather from it plus a
+vectorised crop and flip (`Compose.batch`), with no worker processes and no host-to-device
+copy of images. The keys are those of the DataLoader path: the epoch's order comes from the
+same `EpochBatches` sampler (the "order" stream, `set_epoch(epoch, start_batch)` for exact
+resume) and each sample's crop offsets and flip from its own generator
+`sample_rng(augment, epoch, index)`, drawn in the same order. So for a seed and an epoch the
+batches are the DataLoader's, to the byte, and on CPU so are the final weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from repro.data.datasets import Source, Splits
+from repro.data.loader import Batch, EpochBatches, gather
+from repro.data.sources import TensorImages
+from repro.data.transforms import Compose
+from repro.errors import ConfigError
+from repro.runtime.seeding import sample_rng, stream_seed
+
+
+def _on_device(source: Source, transform: Compose, device: torch.device) -> TensorImages:
+    if not isinstance(source, TensorImages):
+        raise ConfigError(
+            "dataloader", "device", "needs an in-memory dataset (synthetic, cifar10); "
+            "use dataloader=default or fast for image files",
+        )  # fmt: skip
+    if not transform.batchable:
+        raise ConfigError("data.resize", "set", "null with dataloader=device (no batched resize)")
+    return TensorImages(source.images.to(device), source.labels.to(device))
+
+
+class DeviceTrainLoader:
+    """Shuffled, augmented batches of a device-resident split, in the sampler's order."""
+
+    def __init__(
+        self, source: Source, transform: Compose, sampler: EpochBatches, augment_stream: int,
+        device: torch.device,
+    ) -> None:  # fmt: skip
+        self.dataset = _on_device(source, transform, device)
+        self.transform, self.sampler, self.stream = transform, sampler, augment_stream
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.sampler.set_epoch(epoch, start_batch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Batch]:
+        stream = self.stream
+        for keys in self.sampler:
+            rngs = [sample_rng(stream, epoch, index) for epoch, index in keys]
+            yield gather(self.dataset, [index for _, index in keys], self.transform, rngs)
+
+
+class DeviceEvalLoader:
+    """A device-resident split in stored order (rank r of `world` takes every world-th image)."""
+
+    def __init__(
+        self, source: Source, transform: Compose, batch_size: int, device: torch.device,
+        rank: int = 0, world: int = 1,
+    ) -> None:  # fmt: skip
+        self.dataset = _on_device(source, transform, device)
+        self.transform, self.batch_size = transform, batch_size
+        self.indices = torch.arange(rank, len(source), world, device=device)
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for chunk in self.indices.split(self.batch_size):
+            yield gather(self.dataset, chunk, self.transform, [None] * len(chunk))
+
+
+def loaders(
+    cfg: Any, data: Splits, train_transform: Compose, eval_transform: Compose, batch_size: int,
+    root_seed: int, device: torch.device, rank: int = 0, world: int = 1,
+) -> tuple[DeviceTrainLoader, EpochBatches, DeviceEvalLoader]:  # fmt: skip
+    """The train loader, its sampler and the validation loader, as `build.loaders` returns them."""
+    sampler = EpochBatches(len(data.train), batch_size, root_seed, rank, world)
+    if sampler.batches_per_epoch() == 0:
+        allowed = f"at most the {len(data.train)} training images (over all ranks)"
+        raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, allowed)
+    augment = stream_seed(root_seed, "augment")
+    train = DeviceTrainLoader(data.train, train_transform, sampler, augment, device)
+    val = DeviceEvalLoader(
+        data.val, eval_transform, cfg.trainer.eval_batch_size, device, rank, world
+    )
+    return train, sampler, val
