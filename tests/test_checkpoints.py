@@ -30,7 +30,8 @@ def test_a_checkpoint_holds_the_whole_state_and_loads_weights_only(tmp_path):
     state = checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt")
     for key in ("model", "optimizer", "scheduler", "scaler", "position", "rng", "config"):
         assert key in state
-    assert set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
+    (rng,) = state["rng"]  # one entry per process; a single process here
+    assert set(rng) == {"python", "numpy", "torch", "cuda"}
     assert state["position"]["step"] == 12 and state["position"]["epoch"] == 2
     assert state["config"]["trainer"]["epochs"] == 2
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
