@@ -40,15 +40,15 @@ def expand_seed_shorthand(argv: list[str]) -> list[str]:
 
 
 def _identity() -> tuple[str, str]:
-    """(time stamp, random id) of this run, the same in this process and its direct children.
+    """(time stamp, random id) of this run, made once per process.
 
-    Stored in the environment with the pid that made it, and reused only by that process (also
-    after the re-exec above) or its direct children (launcher workers), never by an unrelated
-    later run that happens to inherit the variable.
+    Stored in the environment with the pid that made it, so that a child process (another run
+    started from this one, or from a test) never reuses it. Launcher workers see the parent's
+    values anyway: the resolvers are cached in the config that travels to them.
     """
     owner, _, rest = os.environ.get("REPRO_RUN", "").partition(":")
     stamp, _, token = rest.partition(":")
-    if not token or owner not in (str(os.getpid()), str(os.getppid())):
+    if not token or owner != str(os.getpid()):
         stamp, token = time.strftime("%Y-%m-%d/%H-%M-%S"), secrets.token_hex(3)
         os.environ["REPRO_RUN"] = f"{os.getpid()}:{stamp}:{token}"
     return stamp, token

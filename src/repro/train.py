@@ -40,8 +40,8 @@ from repro.sweeps.callback import SweepReport
 log = logging.getLogger("repro.train")
 
 config.register()
-OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True)
-OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True)
+OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True, use_cache=True)
+OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True, use_cache=True)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
