@@ -23,11 +23,14 @@ setup: .venv/.synced
 train: setup
 	$(RUN) python -m repro.train $(ARGS)
 
+# Two pytest workers, one test file each at a time (a file's fixtures are shared by its tests).
+PYTEST := pytest -n 2 --dist loadfile
+
 test: setup
-	$(RUN) pytest -m "not slow" $(ARGS)
+	$(RUN) $(PYTEST) -m "not slow" $(ARGS)
 
 test-all: setup
-	$(RUN) pytest $(ARGS)
+	$(RUN) $(PYTEST) $(ARGS)
 
 lint: setup
 	$(RUN) ruff check src tests scripts
