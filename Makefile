@@ -4,13 +4,14 @@ UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 RUN := $(UV) run --locked --extra dev --extra launchers
 ARGS ?=
 
-.PHONY: help setup train test test-all lint format sweep train-ddp clean
+.PHONY: help setup train test test-all lint format sweep train-ddp bench clean
 
 help:
 	@echo "make train   - train the default model on the built-in synthetic data (ARGS='key=value ...')"
 	@echo "make test    - the test suite (fast; 'make test-all' adds slow tests)"
 	@echo "make sweep   - 5 seeds of the default config in parallel, then their statistics"
 	@echo "make train-ddp - the default run as 2 DistributedDataParallel processes (torchrun)"
+	@echo "make bench   - speed on this machine: ARGS='suite=knobs|overhead|startup [overrides]'"
 	@echo "make lint    - ruff lint and format check"
 
 setup: .venv/.synced
@@ -22,6 +23,9 @@ setup: .venv/.synced
 
 train: setup
 	$(RUN) python -m repro.train $(ARGS)
+
+bench: setup
+	$(RUN) python -m repro.bench $(ARGS)
 
 # Two pytest workers, one test file each at a time (a file's fixtures are shared by its tests).
 PYTEST := pytest -n 2 --dist loadfile

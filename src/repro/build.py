@@ -82,11 +82,8 @@ def loaders(
         data.val, eval_transform, cfg.trainer.eval_batch_size, dl, pin_memory, root_seed, rank,
         world,
     )  # fmt: skip
-    prepare, workers = device_batches(cfg.data, device or torch.device("cpu")), dl.num_workers
-    return (
-        prefetched(train, prepare, pin_memory, workers), sampler,
-        prefetched(val, prepare, pin_memory, workers),
-    )  # fmt: skip
+    prepare = device_batches(cfg.data, device or torch.device("cpu"))
+    return prefetched(train, prepare, pin_memory), sampler, prefetched(val, prepare, pin_memory)
 
 
 def data_parallel(

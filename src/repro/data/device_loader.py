@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from repro.data.datasets import Source, Splits
-from repro.data.loader import Batch, EpochBatches, gather
+from repro.data.loader import Batch, BatchMaker, EpochBatches
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.errors import ConfigError
@@ -43,7 +43,8 @@ class DeviceTrainLoader:
         device: torch.device,
     ) -> None:  # fmt: skip
         self.dataset = _on_device(source, transform, device)
-        self.transform, self.sampler, self.stream = transform, sampler, augment_stream
+        self.maker = BatchMaker(self.dataset, transform)
+        self.sampler, self.stream = sampler, augment_stream
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.sampler.set_epoch(epoch, start_batch)
@@ -55,7 +56,7 @@ class DeviceTrainLoader:
         stream = self.stream
         for keys in self.sampler:
             rngs = [sample_rng(stream, epoch, index) for epoch, index in keys]
-            yield gather(self.dataset, [index for _, index in keys], self.transform, rngs)
+            yield self.maker([index for _, index in keys], rngs)
 
 
 class DeviceEvalLoader:
@@ -66,7 +67,7 @@ class DeviceEvalLoader:
         rank: int = 0, world: int = 1,
     ) -> None:  # fmt: skip
         self.dataset = _on_device(source, transform, device)
-        self.transform, self.batch_size = transform, batch_size
+        self.maker, self.batch_size = BatchMaker(self.dataset, transform), batch_size
         self.indices = torch.arange(rank, len(source), world, device=device)
 
     def __len__(self) -> int:
@@ -74,7 +75,7 @@ class DeviceEvalLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         for chunk in self.indices.split(self.batch_size):
-            yield gather(self.dataset, chunk, self.transform, [None] * len(chunk))
+            yield self.maker(chunk, [None] * len(chunk))
 
 
 def loaders(

@@ -14,11 +14,13 @@ sample's parameters drawn from its own generator exactly as the per-sample path 
 from __future__ import annotations
 
 import multiprocessing
+import secrets
+import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
 from repro.data.datasets import Source, Splits
 from repro.data.sources import TensorImages
@@ -67,6 +69,8 @@ class TrainView(Dataset):
 
     def __init__(self, source: Source, transform: Compose, augment_stream: int) -> None:
         self.source, self.transform, self.stream = source, transform, augment_stream
+        self.maker = BatchMaker.of(source, transform)  # whole batches, for in-memory data
+        self.slots: SharedSlots | None = None  # set by train_loader when workers make batches
 
     def __len__(self) -> int:
         return len(self.source)
@@ -76,11 +80,12 @@ class TrainView(Dataset):
         image, label = self.source[index]
         return self.transform(image, sample_rng(self.stream, epoch, index)), label
 
-    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Batch | list[Any]:
-        if not (isinstance(self.source, TensorImages) and self.transform.batchable):
+    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Batch | SlotRef | list[Any]:
+        if self.maker is None:
             return [self[key] for key in keys]
         rngs = [sample_rng(self.stream, epoch, index) for epoch, index in keys]
-        return gather(self.source, [index for _, index in keys], self.transform, rngs)
+        batch = self.maker([index for _, index in keys], rngs)
+        return self.slots.put(batch) if self.slots is not None else batch
 
 
 class EvalView(Dataset):
@@ -88,6 +93,7 @@ class EvalView(Dataset):
 
     def __init__(self, source: Source, transform: Compose) -> None:
         self.source, self.transform = source, transform
+        self.maker = BatchMaker.of(source, transform)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -97,9 +103,9 @@ class EvalView(Dataset):
         return self.transform(image, None), label
 
     def __getitems__(self, indices: Sequence[int]) -> Batch | list[Any]:
-        if not (isinstance(self.source, TensorImages) and self.transform.batchable):
+        if self.maker is None:
             return [self[index] for index in indices]
-        return gather(self.source, list(indices), self.transform, [None] * len(indices))
+        return self.maker(list(indices), [None] * len(indices))
 
 
 class Batch(NamedTuple):
@@ -121,17 +127,80 @@ def _batch_from_arrays(images: Any, labels: Any) -> Batch:
     return Batch(torch.from_numpy(images), torch.from_numpy(labels))
 
 
-def gather(
-    source: TensorImages, indices: list[int] | torch.Tensor, transform: Compose, rngs: list[Any]
-) -> Batch:
-    """Samples `indices` of an in-memory source through `transform.batch`, on its device."""
-    index = torch.as_tensor(indices, dtype=torch.int64, device=source.images.device)
-    return Batch(transform.batch(source.images[index], rngs), source.labels[index])
+class SharedSlots:
+    """Batch-sized buffers in shared memory that the main process and every worker map once.
+
+    A worker writes each training batch into its next slot and sends the slot's number; the
+    main process copies the batch out when it receives it. Nothing is mapped or faulted in
+    per batch, and the message is a few bytes. Worker w cycles through its own `per_worker`
+    slots. It has at most prefetch_factor batches in flight, and the DataLoader sends it a
+    new task only after it has received an earlier one, so with prefetch_factor + 2 slots a
+    slot is never written again before it has been copied out.
+    """
+
+    live: ClassVar[weakref.WeakValueDictionary[str, SharedSlots]] = weakref.WeakValueDictionary()
+
+    def __init__(self, workers: int, per_worker: int, sample: Batch) -> None:
+        self.token, self.per_worker, self.produced = secrets.token_hex(8), per_worker, 0
+        count = workers * per_worker
+        self.images = torch.zeros((count, *sample.images.shape), dtype=torch.uint8)
+        self.labels = torch.zeros((count, *sample.labels.shape), dtype=sample.labels.dtype)
+        self.images.share_memory_(), self.labels.share_memory_()
+        SharedSlots.live[self.token] = self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # in a spawned worker
+        self.__dict__.update(state)
+        SharedSlots.live[self.token] = self
+
+    def put(self, batch: Batch) -> Batch | SlotRef:
+        worker = get_worker_info()
+        if worker is None or batch.images.shape != self.images.shape[1:]:
+            return batch
+        slot = worker.id * self.per_worker + self.produced % self.per_worker
+        self.produced += 1
+        self.images[slot].copy_(batch.images)
+        self.labels[slot].copy_(batch.labels)
+        return SlotRef(self.token, slot)
 
 
-def collate(data: Batch | list[Any]) -> Any:
+class SlotRef(NamedTuple):
+    """A batch waiting in a shared slot; unpickled in the main process as a copy of it."""
+
+    token: str
+    slot: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _batch_from_slot, (self.token, self.slot)
+
+
+def _batch_from_slot(token: str, slot: int) -> Batch:
+    slots = SharedSlots.live[token]
+    return Batch(slots.images[slot].clone(), slots.labels[slot].clone())
+
+
+class BatchMaker:
+    """Samples of an in-memory source through a pipeline, a whole batch at a time, on the
+    source's device (`Compose.over`); rngs[i] is sample i's generator, or None."""
+
+    def __init__(self, source: TensorImages, transform: Compose) -> None:
+        self.labels, self.make = source.labels, transform.over(source.images)
+        self.device = source.images.device
+
+    @classmethod
+    def of(cls, source: Source, transform: Compose) -> BatchMaker | None:
+        """A maker where batches can be made whole, else None (per-sample path)."""
+        if isinstance(source, TensorImages) and transform.batchable:
+            return cls(source, transform)
+        return None
+
+    def __call__(self, indices: list[int] | torch.Tensor, rngs: list[Any]) -> Batch:
+        index = torch.as_tensor(indices, dtype=torch.int64, device=self.device)
+        return Batch(self.make(index, rngs), self.labels[index.to(self.labels.device)])
+
+
+def collate(data: Batch | SlotRef | list[Any]) -> Any:
     """A batch a view built whole passes through; a list of samples is stacked as usual."""
-    return data if isinstance(data, Batch) else default_collate(data)
+    return data if isinstance(data, Batch | SlotRef) else default_collate(data)
 
 
 def close(loader: DataLoader) -> None:
@@ -140,9 +209,7 @@ def close(loader: DataLoader) -> None:
     Left to interpreter exit (after an error, say), workers are terminated while
     multiprocessing joins them, and torch reports that as a second, confusing error.
     """
-    if hasattr(loader, "wrapped"):  # behind a transfer.Prefetcher or Receiver
-        getattr(loader, "stop", lambda: None)()
-        loader = loader.wrapped
+    loader = getattr(loader, "wrapped", loader)  # behind a transfer.Prefetcher
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
@@ -182,6 +249,10 @@ def train_loader(
     sampler = EpochBatches(len(splits.train), batch_size, root_seed, rank, world)
     view = TrainView(splits.train, transform, stream_seed(root_seed, "augment"))
     options = _loader_options(loader_cfg, pin_memory, root_seed)
+    sample = view.__getitems__([(0, 0)] * batch_size)
+    if options["num_workers"] > 0 and isinstance(sample, Batch):
+        per_worker = int(loader_cfg.prefetch_factor) + 2
+        view.slots = SharedSlots(options["num_workers"], per_worker, sample)
     return DataLoader(view, batch_sampler=sampler, **options), sampler
 
 

@@ -40,6 +40,69 @@ class Compose:
             images = step.batch(images, rngs)  # type: ignore[attr-defined]
         return images
 
+    def over(self, images: torch.Tensor) -> Gathered | CropFlipTable:
+        """This (batchable) pipeline over a whole uint8 (N, C, H, W) dataset, as a callable
+        (indices, rngs) -> batch: the train pipeline (random crop, then flip) becomes one
+        gather from a padded and mirrored copy of the dataset made here."""
+        kinds = [type(step) for step in self.steps]
+        if kinds in ([RandomCrop], [RandomCrop, HorizontalFlip]):
+            return CropFlipTable(images, *self.steps)  # type: ignore[arg-type]
+        return Gathered(images, self)
+
+
+class Gathered:
+    """Pick a batch out of a dataset, then apply a pipeline's whole-batch form."""
+
+    def __init__(self, images: torch.Tensor, pipeline: Compose) -> None:
+        self.images, self.pipeline = images, pipeline
+
+    def __call__(self, indices: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+        return self.pipeline.batch(self.images[indices], rngs)
+
+
+class CropFlipTable:
+    """Random crop (after zero padding) and horizontal flip of any samples as one gather.
+
+    The dataset is padded once and stored next to its mirror image (2 x (1 + 2 padding /
+    size)^2 x its memory); every row of every crop is then a contiguous run of `size` bytes
+    of that table, at an offset set by the sample, its flip, its crop corner, its channel
+    and the row. Each sample's parameters come from its own generator, drawn in the order
+    of the per-sample steps, so the bytes are theirs.
+    """
+
+    def __init__(
+        self, images: torch.Tensor, crop: RandomCrop, flip: HorizontalFlip | None = None
+    ) -> None:
+        count, channels, height, width = images.shape
+        pad, size = crop.padding, crop.size
+        padded = images.new_zeros((count, channels, height + 2 * pad, width + 2 * pad))
+        padded[:, :, pad : pad + height, pad : pad + width] = images
+        table = torch.stack([padded, padded.flip(-1)]) if flip is not None else padded
+        self.rows = table.view(-1).unfold(0, size, 1)  # row i: table's bytes i .. i+size-1
+        self.crop, self.flip, self.shape = crop, flip, (count, channels, height, width)
+        device = images.device
+        self.channel = torch.arange(channels, device=device).view(1, -1, 1)
+        self.span = torch.arange(size, device=device).view(1, 1, -1)
+
+    def __call__(self, indices: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+        count, channels, height, width = self.shape
+        pad, size = self.crop.padding, self.crop.size
+        padded_height, padded_width = height + 2 * pad, width + 2 * pad
+        draws = []
+        for rng in rngs:
+            top, left = self.crop.draw(rng, height, width)
+            mirrored = self.flip is not None and self.flip.draw(rng)
+            # The flip of a crop at `left` is the crop of the mirror at the mirrored corner.
+            left = padded_width - size - (left + pad) if mirrored else left + pad
+            draws.append((int(mirrored), top + pad, left))
+        drawn = torch.tensor(draws, dtype=torch.int64).to(indices.device, non_blocking=True)
+        image = (drawn[:, 0] * count + indices).view(-1, 1, 1)
+        top, left = drawn[:, 1].view(-1, 1, 1), drawn[:, 2].view(-1, 1, 1)
+        start = (image * channels + self.channel) * padded_height + top + self.span
+        start = start * padded_width + left
+        batch = self.rows.index_select(0, start.view(-1))
+        return batch.view(len(indices), channels, size, size)
+
 
 class RandomCrop:
     """A random `size` crop after zero-padding each side by `padding` (padding never copied)."""

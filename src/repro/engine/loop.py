@@ -8,10 +8,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 from torch.utils.data import DataLoader
@@ -28,6 +31,13 @@ from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 
 log = logging.getLogger(__name__)
+
+
+def plain(node: Any) -> Any:
+    """A config node as plain values: a DictConfig read costs microseconds, every step."""
+    if isinstance(node, DictConfig):
+        return SimpleNamespace(**OmegaConf.to_container(node, resolve=True))
+    return node
 
 
 class NonFiniteLossError(UserError):
@@ -113,7 +123,8 @@ class Trainer:
             close(self.val_loader)
 
     def _fit(self) -> dict[str, float]:
-        cfg = self.trainer_cfg
+        cfg = plain(self.trainer_cfg)  # read once, not on every step
+        fingerprint_every = int(self.logger_cfg.fingerprint_every_steps)
         batches_per_epoch = self.sampler.batches_per_epoch()
         self.model.train()
         with StopRequest() as stop, self._progress() as progress:
@@ -131,9 +142,10 @@ class Trainer:
                     losses.append(self._train_step(images, labels))
                     pos.batch += 1
                     pos.step += 1
-                    progress.advance(task)
+                    if not progress.disable:
+                        progress.advance(task)
                     faults.point("step", pos.step)
-                    if pos.step % self.logger_cfg.fingerprint_every_steps == 0:
+                    if pos.step % fingerprint_every == 0:
                         self._flush_losses(losses)  # with a weights hash at this step
                     if pos.batch == batches_per_epoch:
                         pos.epoch, pos.batch = pos.epoch + 1, 0
@@ -168,19 +180,23 @@ class Trainer:
         signum = int(distributed.max_tensor(flag, self.dist).item())
         return signum or None
 
+    @cached_property
+    def _step_options(self) -> tuple[float, float | None]:
+        """(label_smoothing, grad_clip), read from the config once."""
+        return float(self.trainer_cfg.label_smoothing), self.trainer_cfg.grad_clip
+
     def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        smoothing, grad_clip = self._step_options
         images = self.memory_format.batch(images)
         with self.precision.autocast():
             logits = (self.forward_model or self.model)(images)
-            loss = nn.functional.cross_entropy(
-                logits, labels, label_smoothing=self.trainer_cfg.label_smoothing
-            )
+            loss = nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.precision.scaler
         scaler.scale(loss).backward()
-        if self.trainer_cfg.grad_clip is not None:
+        if grad_clip is not None:
             scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.trainer_cfg.grad_clip)
+            nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
         scaler.step(self.optimizer)
         scaler.update()
         self.scheduler.step()

@@ -21,9 +21,13 @@ def apply(cfg: Any) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.backends.cudnn.benchmark = bool(cfg.benchmark)
     torch.backends.cudnn.deterministic = bool(cfg.deterministic)
-    torch.use_deterministic_algorithms(
-        bool(cfg.deterministic_algorithms), warn_only=bool(cfg.warn_only)
+    wanted = (bool(cfg.deterministic_algorithms), bool(cfg.warn_only))
+    current = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
     )
+    if wanted != current:  # the call imports torch._inductor (~2 s on a small CPU) every time
+        torch.use_deterministic_algorithms(wanted[0], warn_only=wanted[1])
     torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32_matmul)
     torch.backends.cudnn.allow_tf32 = bool(cfg.tf32_cudnn)
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import queue
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,8 +48,8 @@ def use_pinned_memory(requested: bool, device: torch.device) -> bool:
     return requested and device.type == "cuda"
 
 
-# Below torch's grain size (32768 elements) an elementwise op runs in the calling thread.
-SERIAL_ELEMENTS = 16384
+# Elementwise ops on fewer elements than torch's grain size (32768) run in the calling thread.
+SERIAL_ELEMENTS = 32767
 
 
 class DeviceBatches:
@@ -71,27 +69,25 @@ class DeviceBatches:
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if images.is_floating_point():  # prepared ahead by a Prefetcher or Receiver
+        if images.is_floating_point():  # prepared ahead, on the device, by a Prefetcher
             return images, labels
         images = images.to(self.device, non_blocking=self.non_blocking)
         labels = labels.to(self.device, non_blocking=self.non_blocking)
-        return images.float().mul_(self.scale).add_(self.shift), labels
-
-    def serial(
-        self, images: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same values, on a CPU in chunks small enough that torch runs each op in the
-        calling thread: a background thread then keeps to one core and leaves the training
-        step's threads alone. (Large images, or other devices: as `__call__`.)"""
         per_image = images[0].numel() if len(images) else 0
-        if self.device.type != "cpu" or not 0 < per_image <= SERIAL_ELEMENTS:
-            return self(images, labels)
+        if self.device.type == "cpu" and 0 < per_image <= SERIAL_ELEMENTS:
+            return self._serial(images), labels
+        return torch.mul(images, self.scale).add_(self.shift), labels  # uint8 * float: float
+
+    def _serial(self, images: torch.Tensor) -> torch.Tensor:
+        """The same values on a CPU, in chunks that each run in this thread alone: a parallel
+        op would wait at its barrier whenever a DataLoader worker holds one of the cores,
+        which made this small step cost several times its arithmetic."""
         out = torch.empty(images.shape, dtype=torch.float32)
-        step = SERIAL_ELEMENTS // per_image
+        step = SERIAL_ELEMENTS // images[0].numel()
         for start in range(0, len(images), step):
-            chunk = slice(start, start + step)
-            torch.mul(images[chunk], self.scale, out=out[chunk]).add_(self.shift)
-        return out, labels
+            part = slice(start, start + step)
+            torch.mul(images[part], self.scale, out=out[part]).add_(self.shift)
+        return out
 
 
 class Prefetcher:
@@ -132,78 +128,9 @@ class Prefetcher:
         return tensors
 
 
-class Receiver:
-    """Takes batches from a loader's worker processes in a background thread, a few ahead,
-    and prepares them for the device there (`DeviceBatches`).
-
-    The counterpart of the DataLoader's pin-memory thread where there is none (CPU training):
-    receiving a batch from a worker (the pipe, unpickling, the first touch of its fresh
-    memory) and normalising it happen off the training thread, which picks up a batch that
-    is ready. Order and values are the loader's, so results are unchanged.
-    """
-
-    _END = object()
-
-    def __init__(self, loader: Any, prepare: DeviceBatches | None = None, depth: int = 2) -> None:
-        self.wrapped, self.prepare, self.depth = loader, prepare, depth
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    def __len__(self) -> int:
-        return len(self.wrapped)
-
-    def __getattr__(self, name: str) -> Any:  # the DataLoader's own: dataset, num_workers ...
-        if name == "wrapped":
-            raise AttributeError(name)
-        return getattr(self.wrapped, name)
-
-    def __iter__(self) -> Iterator[Any]:
-        self.stop()
-        ready: queue.Queue[Any] = queue.Queue(self.depth)
-        stop = self._stop = threading.Event()
-
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    ready.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def receive() -> None:
-            try:
-                for batch in self.wrapped:
-                    if not put(self.prepare.serial(*batch) if self.prepare else batch):
-                        return
-                put(self._END)
-            except BaseException as error:  # raised again in the training thread
-                put(error)
-
-        self._thread = threading.Thread(target=receive, name="repro-receive", daemon=True)
-        self._thread.start()
-        try:
-            while (item := ready.get()) is not self._END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.stop()
-
-    def stop(self) -> None:
-        """End the background thread (after the batch it is receiving, if any)."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        self._thread = None
-
-
-def prefetched(loader: Any, prepare: DeviceBatches, pin_memory: bool, workers: int) -> Any:
+def prefetched(loader: Any, prepare: DeviceBatches, pin_memory: bool) -> Any:
     """`loader` behind a side-stream `Prefetcher` when its batches are pinned for a GPU (the
-    DataLoader's pin thread receives them), else behind a `Receiver` when worker processes
-    make them; as it is otherwise."""
+    DataLoader's pin-memory thread receives them); as it is otherwise."""
     if pin_memory and prepare.device.type == "cuda":
         return Prefetcher(loader, prepare)
-    if workers > 0:
-        return Receiver(loader, prepare)
     return loader

@@ -1,0 +1,54 @@
+"""Measure speed on this machine: `python -m repro.bench [suite=knobs|overhead|startup] ...`.
+
+The training config composes as for `repro.train` (preset=fast, amp=bf16, dataloader=device
+... all work); `suite.*` holds the suite's settings (conf/suite/). Prints a table and writes
+bench.json and bench.md into the run folder, outputs/bench/<date>/<time>-<id>/.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
+    from repro.launch import pin_hash_seed
+
+    pin_hash_seed("repro.bench")
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from repro import benchmarks, config, launch
+from repro.benchmarks import common
+from repro.errors import UserError, exit_with
+from repro.runtime import seeding
+from repro.runtime.transfer import select_device
+
+benchmarks.register()
+OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True, use_cache=True)
+OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True, use_cache=True)
+
+
+def bench(cfg: DictConfig, run_dir: Path) -> dict:
+    """Run the suite `cfg.suite.name` into `run_dir`; returns what bench.json holds."""
+    config.validate(cfg)
+    suite = benchmarks.load(cfg.suite.name)
+    cfg.seed.value = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
+    result = suite.run(cfg, run_dir)
+    payload = common.write(result, run_dir, cfg, select_device(cfg.trainer.device))
+    common.show(result, run_dir)
+    return payload
+
+
+@hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        bench(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except UserError as error:
+        exit_with(error)
+
+
+if __name__ == "__main__":
+    sys.argv = launch.expand_seed_shorthand(sys.argv)
+    main()

@@ -1,0 +1,255 @@
+"""What the suites share: the training objects built from a config as train.py builds them,
+device-aware clocks, peak memory, percentiles, and the table in bench.json and bench.md."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from repro import build
+from repro.data.datasets import Splits
+from repro.data.loader import close
+from repro.engine.checkpoint import Checkpointer
+from repro.engine.loggers import MetricsLog, write_json_atomic
+from repro.engine.loop import Trainer
+from repro.runtime import determinism
+from repro.runtime.memory_format import MemoryFormat
+from repro.runtime.precision import Precision
+from repro.runtime.seeding import seed_globals
+from repro.runtime.transfer import reuse_host_memory, select_device, use_pinned_memory
+
+
+@dataclass
+class Column:
+    key: str
+    header: str
+    format: str = "{}"  # applied to numbers; strings (e.g. "n/a") are shown as they are
+
+
+@dataclass
+class Result:
+    suite: str
+    columns: list[Column]
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- the training objects ------------------------------------------------------------------
+
+
+def trainer(
+    cfg: DictConfig, data: Splits, folder: Path, total_steps: int, cls: type[Trainer] = Trainer
+) -> Trainer:
+    """A Trainer assembled from `cfg` the way train.py assembles one (no resume, no files
+    beyond `folder`): its `_train_step`, loaders and `to_device` are what training runs."""
+    device = select_device(cfg.trainer.device)
+    precision = Precision(cfg.amp.mode, device)
+    reuse_host_memory()
+    determinism.apply(cfg.cudnn)
+    memory_format = MemoryFormat(cfg.memory_format.name)
+    seed = int(cfg.seed.value)
+    seed_globals(seed)
+    pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
+    train_loader, sampler, val_loader = build.loaders(cfg, data, pin_memory, seed, device=device)
+    model = memory_format.model(build.model(cfg, seed).to(device))
+    if cfg.trainer.compile:
+        model.compile()
+    optimizer = instantiate(cfg.optimizer, params=model.parameters())
+    scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
+    folder.mkdir(parents=True, exist_ok=True)
+    return cls(
+        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+        memory_format=memory_format, to_device=build.device_batches(cfg.data, device),
+        train_loader=train_loader, sampler=sampler, val_loader=val_loader,
+        checkpointer=Checkpointer(folder / "checkpoints", 1),
+        metrics=MetricsLog(folder, False), fingerprints=folder / "fingerprints.csv",
+        trainer_cfg=cfg.trainer, logger_cfg=cfg.logger, extra_state={}, total_steps=total_steps,
+    )  # fmt: skip
+
+
+def release(trainer: Trainer) -> None:
+    """Stop the trainer's loader workers."""
+    close(trainer.train_loader)
+    close(trainer.val_loader)
+
+
+def device_of(trainer: Trainer) -> torch.device:
+    return next(trainer.model.parameters()).device
+
+
+def batches(trainer: Trainer, epoch: int = 0):
+    """The training batches from `epoch` on, through the epochs, as the loop draws them."""
+    while True:
+        trainer.sampler.set_epoch(epoch)
+        yield from trainer.train_loader
+        epoch += 1
+
+
+# ---- time and memory -----------------------------------------------------------------------
+
+
+class Clock:
+    """Marks on the device's timeline: CUDA events on a GPU (no sync per step), wall time on
+    a CPU, where every op has finished when it returns."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def intervals(self) -> list[float]:
+        """Seconds between consecutive marks (call after `sync`)."""
+        pairs = zip(self.marks, self.marks[1:], strict=False)
+        if self.cuda:
+            return [start.elapsed_time(end) / 1000 for start, end in pairs]
+        return [end - start for start, end in pairs]
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):  # Linux: "5" resets the peak resident set (VmHWM)
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """CUDA: torch.cuda.max_memory_allocated. CPU: this process's peak resident set size
+    since the last reset (VmHWM; loader workers are other processes and not counted)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+    return {"median": statistics.median(ordered), "p10": at(0.1), "p90": at(0.9)}
+
+
+# ---- reporting -----------------------------------------------------------------------------
+
+
+def machine(device: torch.device | None = None) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = (
+        torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None
+    )
+    return {
+        "cpu": cpu, "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "gpu": gpu, "python": platform.python_version(), "torch": torch.__version__,
+    }  # fmt: skip
+
+
+def command() -> str:
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return " ".join(["python -m repro.bench", *overrides])
+
+
+def _cell(value: Any, column: Column) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, int | float):
+        return "" if value is None else str(value)
+    return (
+        "n/a"
+        if isinstance(value, float) and not math.isfinite(value)
+        else column.format.format(value)
+    )
+
+
+def write(result: Result, run_dir: Path, cfg: DictConfig, device: torch.device) -> dict[str, Any]:
+    """bench.json (everything, numbers as numbers) and bench.md (the table) in `run_dir`."""
+    payload = {
+        "suite": result.suite,
+        "command": command(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine(device),
+        "summary": result.summary,
+        "rows": result.rows,
+        "notes": result.notes,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    write_json_atomic(run_dir / "bench.json", payload)
+    header = [column.header for column in result.columns]
+    lines = [
+        f"# repro.bench suite={result.suite}",
+        "",
+        f"- command: `{payload['command']}`",
+        f"- date: {payload['date']}",
+        "- machine: " + ", ".join(f"{k} {v}" for k, v in payload["machine"].items() if v),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for row in result.rows:
+        lines.append("| " + " | ".join(_cell(row.get(c.key), c) for c in result.columns) + " |")
+    lines += ["", *(f"- {key}: {value}" for key, value in result.summary.items())]
+    lines += [f"- {note}" for note in result.notes]
+    (run_dir / "bench.md").write_text("\n".join(lines) + "\n")
+    return payload
+
+
+def show(result: Result, run_dir: Path) -> None:
+    """The table on the console, then the summary."""
+    table = Table(title=f"repro.bench suite={result.suite}")
+    for column in result.columns:
+        justify = "left" if column.format == "{}" else "right"
+        table.add_column(column.header, justify=justify, no_wrap=True)
+    for row in result.rows:
+        table.add_row(*(_cell(row.get(c.key), c) for c in result.columns))
+    console = Console(file=sys.stdout, width=max(160, Console().width))
+    console.print(table)
+    for key, value in result.summary.items():
+        console.print(f"{key}: {json.dumps(value)}")
+    for note in result.notes:
+        console.print(note)
+    console.print(f"written: {run_dir / 'bench.json'}, {run_dir / 'bench.md'}")

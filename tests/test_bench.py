@@ -1,0 +1,97 @@
+"""`python -m repro.bench`: every suite runs on a tiny config and writes bench.json and bench.md.
+
+No test asserts a timing: the numbers only have to be there and finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from repro import config
+
+from conftest import CONF, run_cli, tiny
+
+KEYS = {"suite", "command", "date", "machine", "summary", "rows", "notes", "config"}
+
+
+@pytest.fixture
+def bench():
+    """The bench entry point, with its schema registered only for the test that uses it."""
+    from repro import benchmarks
+    from repro.bench import bench
+
+    benchmarks.register()
+    yield bench
+    config.register()  # the training schema again, for the tests that follow
+
+
+def compose_bench(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="bench", overrides=[*tiny(), *overrides])
+
+
+def written(run_dir):
+    payload = json.loads((run_dir / "bench.json").read_text())
+    assert set(payload) >= KEYS
+    table = (run_dir / "bench.md").read_text()
+    assert table.startswith(f"# repro.bench suite={payload['suite']}") and "|---|" in table
+    return payload
+
+
+def finite(*values):
+    return all(isinstance(v, int | float) and math.isfinite(v) for v in values)
+
+
+def test_knobs_suite_measures_each_row_and_marks_what_needs_cuda(bench, tmp_path):
+    cfg = compose_bench(
+        "suite=knobs", "suite.warmup_steps=1", "suite.timed_steps=2",
+        "suite.grid.memory_format=[contiguous,channels_last]", "suite.grid.amp=[off]",
+        "suite.grid.loader=[0,device]", "suite.grid.pin_memory=[false,true]",
+        "suite.grid.cudnn_benchmark=[false]", "suite.grid.compile=[false,true]",
+        "trainer.device=cpu",
+    )  # fmt: skip
+    bench(cfg, tmp_path)
+    payload = written(tmp_path)
+    measured = [row for row in payload["rows"] if row["status"] == "ok"]
+    assert len(measured) == 4  # 2 memory formats x 2 loaders
+    for row in measured:
+        assert finite(row["images_per_s"], row["step_ms_median"], row["step_ms_p10"],
+                      row["step_ms_p90"], row["peak_mem_mib"], row["speedup"])  # fmt: skip
+        assert row["images_per_s"] > 0 and 0 <= row["data_wait_frac"] <= 1
+        assert row["step_ms_p10"] <= row["step_ms_median"] <= row["step_ms_p90"]
+    plain = measured[0]
+    assert (plain["memory_format"], plain["loader"], plain["speedup"]) == ("contiguous", 0, 1.0)
+    unavailable = {(k, v) for row in payload["rows"] if row["status"] != "ok"
+                   for k, v in row.items() if v is True}  # fmt: skip
+    assert unavailable == {("pin_memory", True), ("compile", True)}
+    summary = payload["summary"]
+    assert summary["device"] == "cpu" and finite(summary["plain_images_per_s"])
+
+
+def test_overhead_suite_compares_the_loop_with_a_bare_one(bench, tmp_path):
+    cfg = compose_bench("suite=overhead", "suite.pairs=2", "suite.steps=3", "suite.warmup_steps=1")
+    bench(cfg, tmp_path)
+    payload = written(tmp_path)
+    summary = payload["summary"]
+    assert finite(summary["template_over_bare"], summary["template_over_bare_total"],
+                  summary["template_images_per_s"], summary["bare_images_per_s"])  # fmt: skip
+    assert summary["template_over_bare"] > 0 and isinstance(summary["accepted"], bool)
+    assert [row["loop"] for row in payload["rows"]] == ["template", "bare", "bare", "template"]
+
+
+def test_startup_suite_from_the_command_line(tmp_path):
+    done = run_cli("repro.bench", "suite=startup", "suite.repeats=1", *tiny(),
+                   f"hydra.run.dir={tmp_path}")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    payload = written(tmp_path)
+    summary = payload["summary"]
+    assert finite(summary["startup_overhead_s"], summary["first_step_s"],
+                  summary["import_torch_s"], summary["import_torch_torchvision_s"])  # fmt: skip
+    assert summary["first_step_s"] > 0 and summary["import_torch_torchvision_s"] > 0
+    assert "trainer.epochs=1" in summary["train_overrides"]
+    assert not any(o.startswith(("suite", "hydra")) for o in summary["train_overrides"])
+    assert "suite=startup" in payload["command"] and "startup_overhead_s" in done.stdout

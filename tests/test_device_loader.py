@@ -1,0 +1,157 @@
+"""The batched data path: whole-batch views, shared slots, dataloader=device, prefetching.
+
+Each must give the bytes of the per-sample DataLoader path for the same seed and epoch, so
+none of them changes a result.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from repro import build
+from repro.data.device_loader import DeviceTrainLoader
+from repro.data.loader import Batch, EpochBatches, EvalView, TrainView, close
+from repro.data.sources import ImageFiles
+from repro.errors import ConfigError
+from repro.runtime.seeding import stream_seed
+from repro.runtime.transfer import DeviceBatches
+
+from conftest import compose_config, tiny, train_in_process
+
+SMALL = ("data.train_size=300", "data.val_size=70", "trainer.batch_size=64")
+
+
+def epoch_batches(loader, sampler, epoch, start=0):
+    sampler.set_epoch(epoch, start_batch=start)
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def assert_same(left, right):
+    assert len(left) == len(right) > 0
+    for (a_images, a_labels), (b_images, b_labels) in zip(left, right, strict=True):
+        assert a_images.dtype == b_images.dtype == torch.uint8
+        assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+
+
+@pytest.mark.parametrize("padding", [0, 2, 5])
+def test_batched_views_give_the_per_sample_bytes(padding):
+    cfg = compose_config(*SMALL, f"data.crop_padding={padding}")
+    data = build.splits(cfg, 7)
+    train_transform, eval_transform = build.pipelines(cfg.data)
+    view = TrainView(data.train, train_transform, stream_seed(7, "augment"))
+    keys = [(3, index) for index in range(0, 300, 3)]
+    batched = view.__getitems__(keys)
+    assert isinstance(batched, Batch)
+    expected = default_collate([view[key] for key in keys])
+    assert_same([tuple(batched)], [tuple(expected)])
+    evaluated = EvalView(data.val, eval_transform)
+    indices = list(range(len(data.val)))
+    assert_same([tuple(evaluated.__getitems__(indices))],
+                [tuple(default_collate([evaluated[i] for i in indices]))])  # fmt: skip
+
+
+def test_a_batch_from_a_worker_arrives_unchanged():
+    batch = Batch(torch.arange(24, dtype=torch.uint8).view(2, 3, 2, 2), torch.tensor([4, 1]))
+    again = pickle.loads(pickle.dumps(batch))
+    assert isinstance(again, Batch)
+    assert torch.equal(again.images, batch.images) and torch.equal(again.labels, batch.labels)
+
+
+def test_device_loader_yields_the_dataloader_batches_for_each_seed_and_epoch():
+    for seed in (0, 5):
+        reference = compose_config(*SMALL, "dataloader.num_workers=1", f"seed={seed}")
+        device = compose_config(*SMALL, "dataloader=device", f"seed={seed}")
+        data = build.splits(reference, seed)
+        loader, sampler, val = build.loaders(reference, data, False, seed)
+        on_device, device_sampler, device_val = build.loaders(
+            device, data, False, seed, device=torch.device("cpu")
+        )
+        assert isinstance(on_device, DeviceTrainLoader)
+        assert device_sampler.batches_per_epoch() == sampler.batches_per_epoch() == 4
+        try:
+            for epoch in (0, 3):
+                assert_same(epoch_batches(on_device, device_sampler, epoch),
+                            epoch_batches(loader, sampler, epoch))  # fmt: skip
+            assert_same(list(device_val), list(val))
+        finally:
+            close(loader)
+            close(val)
+
+
+def test_device_loader_resumes_at_a_batch_position():
+    cfg = compose_config(*SMALL, "dataloader=device")
+    data = build.splits(cfg, 1)
+    loader, sampler, _ = build.loaders(cfg, data, False, 1, device=torch.device("cpu"))
+    whole = epoch_batches(loader, sampler, 2)
+    loader.set_epoch(2, start_batch=3)
+    assert len(loader) == 1
+    assert_same([(images.clone(), labels) for images, labels in loader], whole[3:])
+    assert isinstance(sampler, EpochBatches)
+
+
+def test_device_loader_gives_the_dataloader_weights_and_resumes_exactly(tmp_path):
+    run = tiny("trainer.epochs=2")
+    reference = train_in_process(tmp_path / "dataloader", *run)
+    straight = train_in_process(tmp_path / "device", *run, "dataloader=device")
+    assert straight["weights_sha256"] == reference["weights_sha256"]
+    halted = train_in_process(tmp_path / "resumed", *run, "dataloader=device",
+                              "trainer.halt_at_step=7")  # fmt: skip
+    assert halted["step"] == 7 and not halted["completed"]
+    resumed = train_in_process(tmp_path / "resumed", *run, "dataloader=device")
+    assert resumed["resumed_from_step"] == 7
+    assert resumed["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_device_loader_needs_data_in_memory(tmp_path):
+    cfg = compose_config(*SMALL)
+    files = ImageFiles([tmp_path / "a.png"], [0])
+    train_transform, _ = build.pipelines(cfg.data)
+    with pytest.raises(ConfigError, match="dataloader='device'"):
+        DeviceTrainLoader(files, train_transform, EpochBatches(1, 1, 0), 0, torch.device("cpu"))
+
+
+def test_workers_hand_over_batches_through_shared_slots_unchanged():
+    """Slots are reused across epochs, abandoned iterators and resumed positions."""
+    workers = compose_config(*SMALL, "dataloader.num_workers=2", "dataloader.prefetch_factor=1",
+                             "data.train_size=700")  # fmt: skip
+    plain = compose_config(*SMALL, "dataloader=debug", "data.train_size=700")
+    data = build.splits(plain, 2)
+    loader, sampler, val = build.loaders(workers, data, False, 2)
+    reference, reference_sampler, _ = build.loaders(plain, data, False, 2)
+    assert loader.dataset.slots is not None
+    try:
+        sampler.set_epoch(0)
+        next(iter(loader))  # an abandoned epoch: its batches in flight are dropped
+        for epoch, start in ((1, 0), (2, 4), (3, 0)):
+            assert_same(epoch_batches(loader, sampler, epoch, start),
+                        epoch_batches(reference, reference_sampler, epoch, start))  # fmt: skip
+    finally:
+        close(loader)
+        close(val)
+
+
+def test_prepared_batches_pass_through_device_batches():
+    prepare = DeviceBatches(torch.device("cpu"), [0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
+    images = torch.randint(0, 256, (8, 3, 4, 4), dtype=torch.uint8)
+    normalised, labels = prepare(images, torch.arange(8))
+    assert normalised.dtype == torch.float32
+    again, _ = prepare(normalised, labels)
+    assert again is normalised
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefetcher_gives_the_same_batches_on_the_gpu():
+    from repro.runtime.transfer import Prefetcher
+
+    device = torch.device("cuda")
+    prepare = DeviceBatches(device, [0.5] * 3, [0.25] * 3)
+    batches = [(torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8).pin_memory(),
+                torch.arange(4).pin_memory()) for _ in range(3)]  # fmt: skip
+    prefetched = Prefetcher(batches, prepare)
+    for (images, labels), (raw, raw_labels) in zip(prefetched, batches, strict=True):
+        assert torch.equal(images, prepare(raw, raw_labels)[0])
+        assert torch.equal(labels.cpu(), raw_labels)
