@@ -30,11 +30,19 @@ def epoch_batches(loader, sampler, epoch, start=0):
     return [(images.clone(), labels.clone()) for images, labels in loader]
 
 
-def assert_same(left, right):
+def assert_same(left, right, prepare=None):
+    """Same batches; with `prepare`, compared as the model's input (CPU workers normalise)."""
     assert len(left) == len(right) > 0
     for (a_images, a_labels), (b_images, b_labels) in zip(left, right, strict=True):
-        assert a_images.dtype == b_images.dtype == torch.uint8
+        if prepare is None:
+            assert a_images.dtype == b_images.dtype == torch.uint8
+        else:
+            a_images, b_images = prepare(a_images, a_labels)[0], prepare(b_images, b_labels)[0]
         assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+
+
+def model_input(cfg):
+    return build.device_batches(cfg.data, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("padding", [0, 2, 5])
@@ -74,8 +82,10 @@ def test_device_loader_yields_the_dataloader_batches_for_each_seed_and_epoch():
         assert device_sampler.batches_per_epoch() == sampler.batches_per_epoch() == 4
         try:
             for epoch in (0, 3):
-                assert_same(epoch_batches(on_device, device_sampler, epoch),
-                            epoch_batches(loader, sampler, epoch))  # fmt: skip
+                from_workers = epoch_batches(loader, sampler, epoch)
+                assert from_workers[0][0].dtype == torch.float32  # normalised in the worker
+                assert_same(epoch_batches(on_device, device_sampler, epoch), from_workers,
+                            model_input(reference))  # fmt: skip
             assert_same(list(device_val), list(val))
         finally:
             close(loader)
@@ -128,7 +138,8 @@ def test_workers_hand_over_batches_through_shared_slots_unchanged():
         next(iter(loader))  # an abandoned epoch: its batches in flight are dropped
         for epoch, start in ((1, 0), (2, 4), (3, 0)):
             assert_same(epoch_batches(loader, sampler, epoch, start),
-                        epoch_batches(reference, reference_sampler, epoch, start))  # fmt: skip
+                        epoch_batches(reference, reference_sampler, epoch, start),
+                        model_input(plain))  # fmt: skip
     finally:
         close(loader)
         close(val)

@@ -64,7 +64,8 @@ def loaders(
     cfg: Any, data: Splits, pin_memory: bool, root_seed: int, rank: int = 0, world: int = 1,
     device: torch.device | None = None,
 ) -> tuple[DataLoader, EpochBatches, DataLoader]:  # fmt: skip
-    """Train loader, its sampler, validation loader; each yields (uint8 images, labels)."""
+    """Train loader, its sampler, validation loader; each yields (uint8 images, labels), or
+    for CPU training with workers, training images already normalised (`device_batches`)."""
     train_transform, eval_transform = pipelines(cfg.data)
     batch, dl = rank_batch_size(cfg, world), cfg.dataloader
     if dl.on_device:  # dataloader=device: the split lives on the device, batches made there
@@ -72,8 +73,10 @@ def loaders(
         return device_loader.loaders(
             cfg, data, train_transform, eval_transform, batch, root_seed, on, rank, world
         )  # type: ignore[return-value]
+    prepare = device_batches(cfg.data, device or torch.device("cpu"))
+    in_workers = prepare if prepare.device.type == "cpu" else None  # a GPU normalises faster
     train, sampler = train_loader(
-        data, train_transform, batch, dl, pin_memory, root_seed, rank, world
+        data, train_transform, batch, dl, pin_memory, root_seed, rank, world, in_workers
     )
     if sampler.batches_per_epoch() == 0:
         allowed = f"at most the {len(data.train)} training images (over all ranks)"
@@ -82,7 +85,6 @@ def loaders(
         data.val, eval_transform, cfg.trainer.eval_batch_size, dl, pin_memory, root_seed, rank,
         world,
     )  # fmt: skip
-    prepare = device_batches(cfg.data, device or torch.device("cpu"))
     return prefetched(train, prepare, pin_memory), sampler, prefetched(val, prepare, pin_memory)
 
 

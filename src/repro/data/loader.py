@@ -16,7 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import secrets
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -71,6 +71,9 @@ class TrainView(Dataset):
         self.source, self.transform, self.stream = source, transform, augment_stream
         self.maker = BatchMaker.of(source, transform)  # whole batches, for in-memory data
         self.slots: SharedSlots | None = None  # set by train_loader when workers make batches
+        # Set by train_loader for CPU training with workers: batches leave the workers as the
+        # model's float input, so the training thread neither waits for nor does that work.
+        self.prepare: Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]] | None = None
 
     def __len__(self) -> int:
         return len(self.source)
@@ -85,6 +88,8 @@ class TrainView(Dataset):
             return [self[key] for key in keys]
         rngs = [sample_rng(self.stream, epoch, index) for epoch, index in keys]
         batch = self.maker([index for _, index in keys], rngs)
+        if self.prepare is not None:
+            batch = Batch(*self.prepare(*batch))
         return self.slots.put(batch) if self.slots is not None else batch
 
 
@@ -143,7 +148,7 @@ class SharedSlots:
     def __init__(self, workers: int, per_worker: int, sample: Batch) -> None:
         self.token, self.per_worker, self.produced = secrets.token_hex(8), per_worker, 0
         count = workers * per_worker
-        self.images = torch.zeros((count, *sample.images.shape), dtype=torch.uint8)
+        self.images = torch.zeros((count, *sample.images.shape), dtype=sample.images.dtype)
         self.labels = torch.zeros((count, *sample.labels.shape), dtype=sample.labels.dtype)
         self.images.share_memory_(), self.labels.share_memory_()
         SharedSlots.live[self.token] = self
@@ -244,11 +249,17 @@ def train_loader(
     root_seed: int,
     rank: int = 0,
     world: int = 1,
+    prepare_in_workers: Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]] | None = None,
 ) -> tuple[DataLoader, EpochBatches]:
-    """The training DataLoader and its sampler (call `sampler.set_epoch` before each epoch)."""
+    """The training DataLoader and its sampler (call `sampler.set_epoch` before each epoch).
+
+    With `prepare_in_workers` (CPU training), workers that build whole batches also apply it.
+    """
     sampler = EpochBatches(len(splits.train), batch_size, root_seed, rank, world)
     view = TrainView(splits.train, transform, stream_seed(root_seed, "augment"))
     options = _loader_options(loader_cfg, pin_memory, root_seed)
+    if options["num_workers"] > 0 and view.maker is not None:
+        view.prepare = prepare_in_workers
     sample = view.__getitems__([(0, 0)] * batch_size)
     if options["num_workers"] > 0 and isinstance(sample, Batch):
         per_worker = int(loader_cfg.prefetch_factor) + 2
