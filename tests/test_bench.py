@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from repro import config
+from repro.errors import ConfigError
 
 from conftest import CONF, run_cli, tiny
 
@@ -95,3 +97,26 @@ def test_startup_suite_from_the_command_line(tmp_path):
     assert "trainer.epochs=1" in summary["train_overrides"]
     assert not any(o.startswith(("suite", "hydra")) for o in summary["train_overrides"])
     assert "suite=startup" in payload["command"] and "startup_overhead_s" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("suite.timed_steps=0", "suite.timed_steps=0 is not allowed: an integer >= 1"),
+        ("suite.grid.loader=[2,many]", "suite.grid.loader='many'"),
+        ("suite.grid.amp=[bf61]", "list items from: off, auto, bf16, fp16"),
+        ("suite.grid.memory_format=channels_last", "a non-empty list"),
+        ("suite.grid.compile=[]", "suite.grid.compile=[] is not allowed"),
+    ],
+)
+def test_bad_suite_settings_are_named_before_anything_runs(bench, tmp_path, override, message):
+    cfg = compose_bench("suite=knobs", override)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        bench(cfg, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_bad_setting_on_the_command_line_exits_2_without_a_traceback(tmp_path):
+    done = run_cli("repro.bench", "suite=overhead", "suite.pairs=-1", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "error: suite.pairs=-1 is not allowed: an integer >= 1" in done.stderr

@@ -33,6 +33,7 @@ OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True, use
 def bench(cfg: DictConfig, run_dir: Path) -> dict:
     """Run the suite `cfg.suite.name` into `run_dir`; returns what bench.json holds."""
     config.validate(cfg)
+    benchmarks.validate(cfg.suite)
     suite = benchmarks.load(cfg.suite.name)
     cfg.seed.value = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
     result = suite.run(cfg, run_dir)

@@ -31,7 +31,47 @@ def register() -> None:
     ConfigStore.instance().store(name="schema", node=BenchConfig)
 
 
+# Per suite: the counts it reads and their least allowed value.
+COUNTS = {
+    "knobs": {"warmup_steps": 0, "timed_steps": 1},
+    "overhead": {"pairs": 1, "steps": 1, "warmup_steps": 0},
+    "startup": {"repeats": 1},
+}
+GRID = {
+    "memory_format": ("contiguous", "channels_last"),
+    "amp": ("off", "auto", "bf16", "fp16"),
+    "pin_memory": (False, True),
+    "cudnn_benchmark": (False, True),
+    "compile": (False, True),
+}
+
+
 def load(name: str) -> ModuleType:
     if name not in SUITES:
         raise ConfigError("suite", name, f"choose one of {', '.join(SUITES)}")
     return importlib.import_module(f"repro.benchmarks.{name}")
+
+
+def validate(suite: Any) -> None:
+    """Check the suite's own settings, naming the key and what is allowed."""
+    load(suite.name)
+    for key, least in COUNTS[suite.name].items():
+        value = suite.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"suite.{key}", value, f"an integer >= {least}")
+    if suite.name != "knobs":
+        return
+    for axis, allowed in (*GRID.items(), ("loader", None)):
+        values = suite.grid.get(axis)
+        if not values or isinstance(values, str | int | bool):
+            raise ConfigError(f"suite.grid.{axis}", values, "a non-empty list, e.g. [a,b]")
+        for value in values:
+            if axis == "loader":
+                ok = value == "device" or (isinstance(value, int) and not isinstance(value, bool)
+                                           and value >= 0)  # fmt: skip
+                expected = "DataLoader worker counts (integers >= 0) or device"
+            else:
+                ok = value in allowed and type(value) is type(allowed[0])
+                expected = ", ".join(str(v).lower() for v in allowed)
+            if not ok:
+                raise ConfigError(f"suite.grid.{axis}", value, f"list items from: {expected}")

@@ -6,7 +6,9 @@ bar, stop-signal and fault checks. Only the evaluation and the checkpoint at the
 repetition are left out (a bare loop has neither).
 B (bare): the loop a tutorial would write, here, on the same model, optimizer, scheduler,
 DataLoader and knobs: copy to the device, normalise, autocast, cross-entropy, zero_grad,
-backward, step (no background receiving or side-stream prefetch: those are the template's).
+backward, step (no side-stream prefetch: that is the template's). On CPU both get the batches
+loader workers already normalised (the template's DataLoader does that); the bare loop skips
+its own normalising then.
 
 Both run in this process over the same batches (a pair uses one epoch), interleaved
 A B B A A B ... so that drift in the machine's speed hits both alike. The result is
@@ -77,7 +79,9 @@ def bare(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float
     batches = iter(loader)
     for _ in range(steps):
         images, labels = next(batches)
-        images = images.to(device, non_blocking=True).float().mul_(norm.scale).add_(norm.shift)
+        images = images.to(device, non_blocking=True)
+        if not images.is_floating_point():  # CPU loader workers hand over normalised floats
+            images = images.float().mul_(norm.scale).add_(norm.shift)
         labels = labels.to(device, non_blocking=True)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
