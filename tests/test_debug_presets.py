@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
+from hydra.utils import instantiate
 
 from repro import build, config
 from repro.errors import ConfigError
@@ -86,3 +88,16 @@ def test_experiments_compose():
     images = compose_config("experiment=imagefolder_example", "data.root=/somewhere")
     assert images.data.name == "imagefolder" and images.dataloader.name == "fast"
     assert images.data.root == "/somewhere"
+
+
+def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer():
+    cfg = compose_config("experiment=cifar10_speedrun")
+    assert (cfg.dataloader.on_device, cfg.amp.mode, cfg.trainer.compile) == (True, "bf16", True)
+    model = build.model(cfg, 0)
+    assert type(model).__name__ == "ResNet9"
+    optimizer = instantiate(cfg.optimizer, params=model.parameters())
+    assert optimizer.defaults["fused"] is True
+    logits = model(torch.randn(2, 3, 32, 32))
+    assert logits.shape == (2, 10)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

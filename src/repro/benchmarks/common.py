@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import json
 import math
 import os
@@ -137,6 +138,7 @@ class Clock:
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    gc.collect()  # a compiled model is a reference cycle: free the previous row's now
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)

@@ -26,6 +26,7 @@ from repro.data.datasets import Source, Splits
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.runtime.seeding import sample_rng, seed_worker, stream_seed, torch_generator
+from repro.runtime.transfer import host_to_device
 
 
 class EpochBatches(Sampler[list[tuple[int, int]]]):
@@ -199,7 +200,7 @@ class BatchMaker:
         return None
 
     def __call__(self, indices: list[int] | torch.Tensor, rngs: list[Any]) -> Batch:
-        index = torch.as_tensor(indices, dtype=torch.int64, device=self.device)
+        index = host_to_device(torch.as_tensor(indices, dtype=torch.int64), self.device)
         return Batch(self.make(index, rngs), self.labels[index.to(self.labels.device)])
 
 

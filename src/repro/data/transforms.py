@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.nn import functional
 
+from repro.runtime.transfer import host_to_device
+
 Transform = Callable[[torch.Tensor, "random.Random | None"], torch.Tensor]
 
 
@@ -95,7 +97,7 @@ class CropFlipTable:
             # The flip of a crop at `left` is the crop of the mirror at the mirrored corner.
             left = padded_width - size - (left + pad) if mirrored else left + pad
             draws.append((int(mirrored), top + pad, left))
-        drawn = torch.tensor(draws, dtype=torch.int64).to(indices.device, non_blocking=True)
+        drawn = host_to_device(torch.tensor(draws, dtype=torch.int64), indices.device)
         image = (drawn[:, 0] * count + indices).view(-1, 1, 1)
         top, left = drawn[:, 1].view(-1, 1, 1), drawn[:, 2].view(-1, 1, 1)
         start = (image * channels + self.channel) * padded_height + top + self.span

@@ -32,6 +32,14 @@ class Scale(nn.Module):
         return x * self.factor
 
 
+class GlobalMaxPool(nn.Module):
+    """(N, C, H, W) -> (N, C). Not nn.AdaptiveMaxPool2d: its CUDA backward has no deterministic
+    implementation, so it would fail under cudnn=deterministic."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.amax(dim=(2, 3))
+
+
 class ResNet9(nn.Sequential):
     def __init__(
         self, num_classes: int = 10, widths: tuple[int, int, int, int] = (64, 128, 256, 512),
@@ -43,6 +51,6 @@ class ResNet9(nn.Sequential):
             *conv_bn(prep, first), nn.MaxPool2d(2), Residual(first),
             *conv_bn(first, second), nn.MaxPool2d(2),
             *conv_bn(second, third), nn.MaxPool2d(2), Residual(third),
-            nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(third, num_classes, bias=False),
+            GlobalMaxPool(), nn.Linear(third, num_classes, bias=False),
             Scale(scale),
         )  # fmt: skip

@@ -19,12 +19,20 @@ def _supports(device: torch.device, mode: str) -> bool:
     return mode == "bf16"
 
 
+def native_bf16() -> bool:
+    """Whether the GPU computes in bf16 natively (Ampere and newer); older ones emulate it."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # an older torch without the argument
+        return torch.cuda.is_bf16_supported()
+
+
 class Precision:
     """Which dtype autocast uses on this device, and the loss scaler that goes with it."""
 
     def __init__(self, mode: str, device: torch.device) -> None:
         if mode == "auto":
-            mode = "bf16" if device.type == "cuda" and _supports(device, "bf16") else "off"
+            mode = "bf16" if device.type == "cuda" and native_bf16() else "off"
         if mode != "off" and not _supports(device, mode):
             usable = [m for m in ("bf16", "fp16") if _supports(device, m)]
             allowed = ", ".join(["off", "auto", *usable])

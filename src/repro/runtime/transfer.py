@@ -48,6 +48,14 @@ def use_pinned_memory(requested: bool, device: torch.device) -> bool:
     return requested and device.type == "cuda"
 
 
+def host_to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device` without waiting for the GPU: through pinned memory on
+    CUDA, since a copy from ordinary memory blocks until the GPU has finished its queued work."""
+    if device.type == "cuda" and not values.is_cuda:
+        return values.pin_memory().to(device, non_blocking=True)
+    return values.to(device)
+
+
 # Elementwise ops on fewer elements than torch's grain size (32768) run in the calling thread.
 SERIAL_ELEMENTS = 32767
 
@@ -114,15 +122,21 @@ class Prefetcher:
         for batch in self.wrapped:
             with torch.cuda.stream(self.stream):
                 moved = self.prepare(*batch)
+                copied = torch.cuda.Event()
+                copied.record(self.stream)
             if pending is not None:
-                yield self._ready(pending)
-            pending = moved
+                yield self._ready(*pending)
+            pending = moved, copied
         if pending is not None:
-            yield self._ready(pending)
+            yield self._ready(*pending)
 
-    def _ready(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def _ready(
+        self, tensors: tuple[torch.Tensor, ...], copied: torch.cuda.Event
+    ) -> tuple[torch.Tensor, ...]:
         compute = torch.cuda.current_stream(self.device)
-        compute.wait_stream(self.stream)
+        # This batch's event, not the whole side stream: the next batch's copy, queued there
+        # already, must not hold up the step that uses this one.
+        compute.wait_event(copied)
         for tensor in tensors:
             tensor.record_stream(compute)  # its memory is not reused before compute is done
         return tensors
