@@ -77,9 +77,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         cfg, data, pin_memory, root_seed, dist.rank, dist.world, device
     )
     model = memory_format.model(build.model(cfg, root_seed).to(device))
-    if cfg.trainer.compile:
-        model.compile()  # in place: state_dict keys and the weights hash stay the same
     forward_model = build.data_parallel(model, cfg.trainer.sync_batchnorm, dist, device)
+    if cfg.trainer.compile:
+        # In place: state_dict keys and the weights hash stay the same. Compiling the DDP
+        # wrapper (not the model inside) lets gradient all-reduces overlap the backward pass.
+        forward_model.compile()
     optimizer = instantiate(cfg.optimizer, params=model.parameters())
     total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
     if cfg.trainer.max_steps is not None:
