@@ -40,6 +40,9 @@ def plain(node: Any) -> Any:
     return node
 
 
+SIGNAL_SYNC_STEPS = 10
+
+
 class NonFiniteLossError(UserError):
     """The loss became NaN or infinite: a diverged run, reported with its step."""
 
@@ -173,9 +176,13 @@ class Trainer:
         return self.position.step >= self.total_steps
 
     def _agreed_signal(self, stop: StopRequest) -> int | None:
-        """The stop signal, if any rank got one: all ranks must stop at the same step."""
+        """The stop signal, if any rank got one: all ranks must stop at the same step. Under
+        torchrun the ranks agree every SIGNAL_SYNC_STEPS steps only: an all-reduce read on
+        the host waits for the GPU, and doing it every step would drain its queue each time."""
         if not self.dist.enabled:
             return stop.signum
+        if self.position.step % SIGNAL_SYNC_STEPS:
+            return None
         flag = torch.tensor([stop.signum or 0])
         signum = int(distributed.max_tensor(flag, self.dist).item())
         return signum or None
