@@ -41,21 +41,19 @@ def evaluate(
     """Mean cross-entropy and accuracy over a loader (its shards summed over torchrun ranks)."""
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = torch.zeros((), dtype=torch.int64)
+    # Sums stay on the device until the end: a read per batch would wait for the GPU each time.
+    loss_sum = correct = torch.zeros((), dtype=torch.float64)
     count = 0
     for images, labels in loader:
         images, labels = to_device(images, labels)
         with autocast():
             logits = model(prepare(images))
         loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        loss_sum += loss.double().cpu()
-        correct += (logits.argmax(1) == labels).sum().cpu()
+        loss_sum = loss_sum.to(loss.device) + loss.double()
+        correct = correct.to(labels.device) + (logits.argmax(1) == labels).sum().double()
         count += len(labels)
     model.train(was_training)
-    totals = torch.stack(
-        [loss_sum, correct.double(), torch.tensor(float(count), dtype=torch.float64)]
-    )
+    totals = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(float(count)).double()])
     if dist is not None:
         totals = distributed.sum_tensor(totals, dist)
     loss_total, correct_total, images = totals.tolist()
