@@ -61,17 +61,20 @@ def validate(suite: Any) -> None:
             raise ConfigError(f"suite.{key}", value, f"an integer >= {least}")
     if suite.name != "knobs":
         return
-    for axis, allowed in (*GRID.items(), ("loader", None)):
+    for axis in (*GRID, "loader"):
         values = suite.grid.get(axis)
         if not values or isinstance(values, str | int | bool):
             raise ConfigError(f"suite.grid.{axis}", values, "a non-empty list, e.g. [a,b]")
         for value in values:
-            if axis == "loader":
-                ok = value == "device" or (isinstance(value, int) and not isinstance(value, bool)
-                                           and value >= 0)  # fmt: skip
-                expected = "DataLoader worker counts (integers >= 0) or device"
-            else:
-                ok = value in allowed and type(value) is type(allowed[0])
-                expected = ", ".join(str(v).lower() for v in allowed)
-            if not ok:
-                raise ConfigError(f"suite.grid.{axis}", value, f"list items from: {expected}")
+            if not _allowed(axis, value):
+                raise ConfigError(f"suite.grid.{axis}", value, f"list items from: {_ALLOWED[axis]}")
+
+
+_ALLOWED = {axis: ", ".join(str(v).lower() for v in values) for axis, values in GRID.items()}
+_ALLOWED["loader"] = "DataLoader worker counts (integers >= 0) or device"
+
+
+def _allowed(axis: str, value: Any) -> bool:
+    if axis == "loader":
+        return value == "device" or (type(value) is int and value >= 0)
+    return any(value == v and type(value) is type(v) for v in GRID[axis])
