@@ -33,13 +33,6 @@ from repro.runtime.precision import Precision
 log = logging.getLogger(__name__)
 
 
-def plain(node: Any) -> Any:
-    """A config node as plain values: a DictConfig read costs microseconds, every step."""
-    if isinstance(node, DictConfig):
-        return SimpleNamespace(**OmegaConf.to_container(node, resolve=True))
-    return node
-
-
 SIGNAL_SYNC_STEPS = 10
 
 
@@ -126,7 +119,7 @@ class Trainer:
             close(self.val_loader)
 
     def _fit(self) -> dict[str, float]:
-        cfg = plain(self.trainer_cfg)  # read once, not on every step
+        cfg = self._options
         fingerprint_every = int(self.logger_cfg.fingerprint_every_steps)
         batches_per_epoch = self.sampler.batches_per_epoch()
         self.model.train()
@@ -188,12 +181,15 @@ class Trainer:
         return signum or None
 
     @cached_property
-    def _step_options(self) -> tuple[float, float | None]:
-        """(label_smoothing, grad_clip), read from the config once."""
-        return float(self.trainer_cfg.label_smoothing), self.trainer_cfg.grad_clip
+    def _options(self) -> Any:
+        """The trainer config as plain values, read once: a DictConfig read costs microseconds,
+        and the loop reads several on every step."""
+        if isinstance(self.trainer_cfg, DictConfig):
+            return SimpleNamespace(**OmegaConf.to_container(self.trainer_cfg, resolve=True))
+        return self.trainer_cfg
 
     def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        smoothing, grad_clip = self._step_options
+        smoothing, grad_clip = self._options.label_smoothing, self._options.grad_clip
         images = self.memory_format.batch(images)
         with self.precision.autocast():
             logits = (self.forward_model or self.model)(images)
