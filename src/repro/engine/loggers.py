@@ -85,6 +85,13 @@ def plot_curves(metrics_csv: Path, out: Path) -> None:
     acc_axis.set(xlabel="step", ylabel="accuracy", title="validation accuracy", ylim=(0, 1))
     for axis in (loss_axis, acc_axis):
         axis.grid(alpha=0.3)
+    save_figure_atomic(figure, out)
+
+
+def save_figure_atomic(figure: Any, out: Path) -> None:
+    """Write a matplotlib figure as PNG (through a temporary file and a rename), then close it."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp.png")
     figure.savefig(tmp, dpi=100)

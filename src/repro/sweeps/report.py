@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from repro.engine.loggers import save_figure_atomic
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.stats import difference_of_means, summarize
 
@@ -201,8 +202,4 @@ def plot(report: Report, out: Path) -> None:
     axis.set_xticks(range(len(names)), names, rotation=20, ha="right")
     axis.set(ylabel="validation accuracy", title="val_acc per job; mean and 95% CI per group")
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    figure.savefig(tmp, dpi=100)
-    plt.close(figure)
-    tmp.replace(out)
+    save_figure_atomic(figure, out)
