@@ -31,7 +31,8 @@ def test_a_checkpoint_holds_the_whole_state_and_loads_weights_only(tmp_path):
     for key in ("model", "optimizer", "scheduler", "scaler", "position", "rng", "config"):
         assert key in state
     (rng,) = state["rng"]  # one entry per process; a single process here
-    assert set(rng) == {"python", "numpy", "torch", "cuda"}
+    assert set(rng) == {"python", "numpy", "torch", "device"}
+    assert rng["device"] is None, "a CPU run holds no GPU generator state"
     assert state["position"]["step"] == 12 and state["position"]["epoch"] == 2
     assert state["config"]["trainer"]["epochs"] == 2
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
@@ -40,9 +41,9 @@ def test_a_checkpoint_holds_the_whole_state_and_loads_weights_only(tmp_path):
 
 def test_rng_states_round_trip():
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
-    saved = checkpoint.capture_rng()
+    saved = checkpoint.capture_rng(torch.device("cpu"))
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    checkpoint.restore_rng(saved)
+    checkpoint.restore_rng(saved, torch.device("cpu"))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 

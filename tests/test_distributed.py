@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,12 +52,16 @@ def test_two_processes_one_folder_one_summary_rank0_writes(straight):
     assert log.count("done | val_acc") == 1, "rank 1 must not write the log"
     steps = [line.split(",")[0] for line in (straight / "fingerprints.csv").read_text().split()]
     assert steps == [str(s) for s in range(1, 13)], "one fingerprint per step, written once"
-    # Validation was sharded over the ranks and summed: every image counted exactly once.
+    # Validation was sharded over the ranks and summed: every image counted exactly once, by
+    # the checkpointed model (rank 0's BatchNorm statistics on every rank, not each rank's own).
+    out = straight / "evaluated.json"
     evaluated = run_cli(
-        "repro.evaluate", f"ckpt={straight / 'checkpoints' / 'last.pt'}", "split=val"
+        "repro.evaluate", f"ckpt={straight / 'checkpoints' / 'last.pt'}", "split=val", f"out={out}"
     )
     assert evaluated.returncode == 0, evaluated.stderr
-    assert f"acc {summary['val_acc']:.4f}" in evaluated.stdout
+    result = json.loads(out.read_text())
+    assert result["acc"] == summary["val_acc"]
+    assert result["loss"] == pytest.approx(summary["val_loss"], rel=1e-9, abs=0)
 
 
 def test_rerun_gives_the_same_weights(straight, tmp_path):

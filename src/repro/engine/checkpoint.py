@@ -25,7 +25,8 @@ from repro.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 FORMAT = "repro-checkpoint"
-VERSION = 1
+# 2: the RNG state holds the training device's generator only (1 held every visible GPU's).
+VERSION = 2
 ZIP_MAGIC = b"PK\x03\x04"
 STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
 
@@ -34,25 +35,38 @@ class TruncatedCheckpointError(CheckpointError):
     """A checkpoint cut short (a crash while writing one elsewhere, a full disk): skippable."""
 
 
-def capture_rng() -> dict[str, Any]:
-    """Every global RNG state, as tensors and plain values."""
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """The global RNG states a run draws from, as tensors and plain values: python, numpy,
+    torch's CPU generator and, when training on a GPU, that GPU's generator (one per rank).
+
+    Only the training device's generator: the other visible GPUs are never drawn from, and
+    storing all of them would tie the checkpoint to how many GPUs the machine shows.
+    """
     kind, keys, position, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "device": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Put back what `capture_rng` took; the GPU state goes to this run's training device."""
+    saved_on_gpu = state["device"] is not None
+    if saved_on_gpu != (device.type == "cuda"):
+        trained_on = "a CUDA device" if saved_on_gpu else "the CPU"
+        raise CheckpointError(
+            f"the checkpoint's random state is for {trained_on}, this run trains on "
+            f"{device.type}; resume on the kind of device it was trained on"
+        )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, position, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if saved_on_gpu:
+        torch.cuda.set_rng_state(state["device"], device)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -78,6 +78,11 @@ class Trainer:
 
     # ---- state -------------------------------------------------------------------------
 
+    @property
+    def device(self) -> torch.device:
+        """The training device: where the model's parameters live."""
+        return next(self.model.parameters()).device
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
@@ -86,7 +91,7 @@ class Trainer:
             "scaler": self.precision.scaler.state_dict(),
             "position": vars(self.position).copy(),
             "last_eval": dict(self.last_eval),
-            "rng": distributed.gather(capture_rng(), self.dist),  # every rank's, in rank order
+            "rng": distributed.gather(capture_rng(self.device), self.dist),  # in rank order
             **self.extra_state,
         }
 
@@ -102,7 +107,7 @@ class Trainer:
                 f"the checkpoint was written by {len(state['rng'])} process(es), this run has "
                 f"{self.dist.world}; resume with the same torchrun --nproc_per_node"
             )
-        restore_rng(state["rng"][self.dist.rank])
+        restore_rng(state["rng"][self.dist.rank], self.device)
 
     def save(self) -> None:
         state = self.state_dict()  # a collective: every rank takes part
@@ -246,6 +251,8 @@ class Trainer:
         self._flush_losses(losses)
         images_per_s, wait_fraction = throughput.read()
         images_per_s *= self.dist.world  # every rank trains as many images
+        # The metric is the checkpointed model's: rank 0's, buffers included.
+        distributed.broadcast_buffers(self.model, self.dist)
         result = evaluate(
             self.model,
             self.val_loader,

@@ -2,8 +2,10 @@
 
 `torchrun --nproc_per_node=N -m repro.train ...` sets RANK, WORLD_SIZE, LOCAL_RANK and a
 rendezvous address; plain `python -m repro.train` sets none of them and stays single-process.
-The backend follows the device: nccl on CUDA, gloo on CPU (`trainer.distributed.backend` may
-name one).
+The group joins before the config is read (the ranks agree on their run folder through it), so
+the backend cannot wait for `trainer.device`: on a machine with CUDA it is gloo for CPU tensors
+and nccl for CUDA tensors, and every collective goes to the backend of the device its tensors
+live on, which is the training device. REPRO_DIST_BACKEND may name one backend instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from repro.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -39,22 +43,37 @@ def from_environment() -> Context:
     return Context(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def backend_for(requested: str = "auto") -> str:
+    """`auto`: gloo for CPU tensors, plus nccl for CUDA tensors where CUDA is present. A run
+    with `trainer.device=cpu` on a GPU machine then communicates through gloo alone."""
+    if requested != "auto":
+        return requested
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
 def init(context: Context, backend: str = "auto") -> None:
     """Join the process group (once per process)."""
     if not context.enabled or dist.is_initialized():
         return
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
+    if torch.cuda.is_available() and context.local_rank < torch.cuda.device_count():
+        # Whatever CUDA work a rank does (all of its training, or a stray context on a CPU
+        # run) goes to its own GPU, not every rank's to GPU 0.
         torch.cuda.set_device(context.local_rank)
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=backend_for(backend))
 
 
 def device_for(context: Context, device: torch.device) -> torch.device:
     """Each rank drives its own GPU."""
-    if device.type == "cuda" and context.enabled:
-        return torch.device("cuda", context.local_rank)
-    return device
+    if device.type != "cuda" or not context.enabled:
+        return device
+    visible = torch.cuda.device_count()
+    if context.local_rank >= visible:
+        raise ConfigError(
+            "trainer.device", "cuda", f"one GPU per process: torchrun started local rank "
+            f"{context.local_rank} but only {visible} GPU(s) are visible; lower --nproc_per_node "
+            "or use trainer.device=cpu",
+        )  # fmt: skip
+    return torch.device("cuda", context.local_rank)
 
 
 def broadcast(value: Any, context: Context) -> Any:
@@ -78,7 +97,8 @@ def gather(value: Any, context: Context) -> list[Any]:
 def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp, context: Context) -> torch.Tensor:
     if not context.enabled:
         return tensor
-    on_backend = tensor.cuda() if dist.get_backend() == "nccl" else tensor  # nccl: GPU only
+    forced_nccl = dist.get_backend() == "nccl" and not tensor.is_cuda  # nccl takes GPU tensors
+    on_backend = tensor.cuda() if forced_nccl else tensor
     dist.all_reduce(on_backend, op=op)
     return on_backend.to(tensor.device)
 
@@ -91,6 +111,22 @@ def sum_tensor(tensor: torch.Tensor, context: Context) -> torch.Tensor:
 def max_tensor(tensor: torch.Tensor, context: Context) -> torch.Tensor:
     """The element-wise maximum across ranks."""
     return _all_reduce(tensor, dist.ReduceOp.MAX, context)
+
+
+def broadcast_buffers(module: torch.nn.Module, context: Context) -> None:
+    """Rank 0's buffers (BatchNorm running statistics ...) on every rank.
+
+    DDP broadcasts them at the start of each forward, so after the last step every rank holds
+    its own update; evaluating then would mix the ranks' models. Training is unaffected: the
+    next forward broadcasts rank 0's buffers anyway.
+    """
+    if not context.enabled:
+        return
+    for buffer in module.buffers():
+        dense = buffer.contiguous()  # the backends send dense memory only
+        dist.broadcast(dense, src=0)
+        if dense.data_ptr() != buffer.data_ptr():
+            buffer.copy_(dense)
 
 
 def barrier(context: Context) -> None:

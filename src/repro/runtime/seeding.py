@@ -90,14 +90,19 @@ def python_hash_seed() -> str | None:
 
 
 class seeded:  # noqa: N801 - used like a function: `with seeded(root, "model"): ...`
-    """Run a block with torch's CPU generator seeded from a stream, restoring it afterwards."""
+    """Run a block with torch's CPU generator seeded from a stream, restoring it afterwards.
+
+    Only the CPU generator: `torch.manual_seed` would also reseed every CUDA generator with
+    this rank-independent stream, and the per-rank seeds `seed_globals` gave them (dropout on
+    the GPU) would be lost on every rank alike.
+    """
 
     def __init__(self, root: int, name: str, *keys: int) -> None:
         self.seed = stream_seed(root, name, *keys)
 
     def __enter__(self) -> None:
         self.saved = torch.get_rng_state()
-        torch.manual_seed(self.seed)
+        torch.default_generator.manual_seed(self.seed)
 
     def __exit__(self, *exc: object) -> None:
         torch.set_rng_state(self.saved)
