@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from repro import config
 from repro.data.loader import EpochBatches
 from repro.errors import ConfigError
 from repro.launch import expand_seed_shorthand
@@ -19,6 +20,8 @@ from repro.runtime.precision import Precision
 from repro.runtime.transfer import use_pinned_memory
 
 from conftest import compose_config, read_summary, tiny, train_in_process
+
+CPU = torch.device("cpu")
 
 
 @pytest.fixture
@@ -106,7 +109,7 @@ def test_model_init_depends_on_the_seed_only(tmp_path):
 
 def test_cudnn_deterministic_sets_every_flag(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    determinism.apply(compose_config("cudnn=deterministic").cudnn)
+    determinism.apply(compose_config("cudnn=deterministic").cudnn, CPU)
     assert torch.backends.cudnn.deterministic is True
     assert torch.backends.cudnn.benchmark is False
     assert torch.are_deterministic_algorithms_enabled()
@@ -117,11 +120,11 @@ def test_cudnn_deterministic_sets_every_flag(monkeypatch):
 
 
 def test_cudnn_benchmark_and_warn_only():
-    determinism.apply(compose_config("cudnn=benchmark").cudnn)
+    determinism.apply(compose_config("cudnn=benchmark").cudnn, CPU)
     assert torch.backends.cudnn.benchmark is True
     assert torch.backends.cuda.matmul.allow_tf32 is True
     assert not torch.are_deterministic_algorithms_enabled()
-    determinism.apply(compose_config("cudnn=deterministic", "cudnn.warn_only=true").cudnn)
+    determinism.apply(compose_config("cudnn=deterministic", "cudnn.warn_only=true").cudnn, CPU)
     assert torch.is_deterministic_algorithms_warn_only_enabled()
 
 
@@ -131,6 +134,24 @@ def test_preset_exact_composes_the_deterministic_knobs():
     assert cfg.amp.mode == "off"
     fast = compose_config("preset=fast")
     assert fast.cudnn.name == "benchmark" and fast.dataloader.name == "fast"
+
+
+def test_a_preset_named_with_an_experiment_wins_over_the_experiments_knobs():
+    cfg = compose_config("experiment=cifar10_speedrun", "preset=exact")
+    assert cfg.cudnn.deterministic_algorithms and not cfg.cudnn.benchmark
+    assert cfg.amp.mode == "off" and not cfg.trainer.compile
+    assert cfg.model._target_.endswith("ResNet9"), "the rest of the experiment stays"
+    config.validate(cfg)
+
+
+def test_an_override_that_breaks_preset_exact_is_refused_naming_it():
+    config.validate(compose_config("preset=exact", "cudnn.warn_only=true"))  # still exact
+    for override, key in (
+        ("amp=bf16", "amp.mode"),
+        ("cudnn=benchmark", "cudnn.deterministic_algorithms"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^{key}=.*preset=exact needs"):
+            config.validate(compose_config("preset=exact", override))
 
 
 # ---- dataloader ---------------------------------------------------------------------------

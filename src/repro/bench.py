@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from repro import benchmarks, config, launch
 from repro.benchmarks import common
 from repro.errors import UserError, exit_with
-from repro.runtime import seeding
+from repro.runtime import determinism, seeding
 from repro.runtime.transfer import select_device
 
 benchmarks.register()
@@ -36,8 +36,11 @@ def bench(cfg: DictConfig, run_dir: Path) -> dict:
     benchmarks.validate(cfg.suite)
     suite = benchmarks.load(cfg.suite.name)
     cfg.seed.value = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
+    device = select_device(cfg.trainer.device)
+    # Before a suite asks the GPU anything: cuBLAS reads its workspace setting when CUDA starts.
+    determinism.apply(cfg.cudnn, device)
     result = suite.run(cfg, run_dir)
-    payload = common.write(result, run_dir, cfg, select_device(cfg.trainer.device))
+    payload = common.write(result, run_dir, cfg, device)
     common.show(result, run_dir)
     return payload
 

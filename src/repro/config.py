@@ -120,6 +120,7 @@ class Config:
     scheduler: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    preset: Optional[str] = None  # set by conf/preset/*.yaml
 
 
 def register() -> None:
@@ -177,8 +178,32 @@ def _get(cfg: DictConfig, key: str) -> Any:
 _ABSENT = object()
 
 
+# What preset=exact promises: each key's required value. A choice made after the preset (on
+# the command line: `preset=exact amp=bf16`) would quietly void it, so it is refused.
+EXACT = {
+    "seed.mode": "fixed",
+    "cudnn.deterministic_algorithms": True,
+    "cudnn.deterministic": True,
+    "cudnn.benchmark": False,
+    "cudnn.tf32_matmul": False,
+    "cudnn.tf32_cudnn": False,
+    "amp.mode": "off",
+    "trainer.compile": False,
+}
+
+
+def _check_exact(cfg: DictConfig) -> None:
+    broken = [key for key, wanted in EXACT.items() if _get(cfg, key) != wanted]
+    if broken:
+        wanted = ", ".join(f"{key}={EXACT[key]}" for key in broken)
+        allowed = f"preset=exact needs {wanted}; drop the override or the preset"
+        raise ConfigError(broken[0], _get(cfg, broken[0]), allowed)
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value outside its allowed range or choices."""
+    if cfg.get("preset") == "exact":
+        _check_exact(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value is not _ABSENT and value not in allowed:

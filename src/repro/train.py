@@ -30,7 +30,7 @@ from repro.engine.loggers import MetricsLog, plot_curves, write_json_atomic
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
 from repro.errors import UserError, exit_with, one_line
-from repro.runtime import determinism, distributed, environment, seeding, threads
+from repro.runtime import compilation, determinism, distributed, environment, seeding, threads
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 from repro.runtime.transfer import reuse_host_memory, select_device, use_pinned_memory
@@ -54,10 +54,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     dist = distributed.from_environment()
     distributed.init(dist)
     device = distributed.device_for(dist, select_device(cfg.trainer.device))
+    determinism.apply(cfg.cudnn, device)  # first: cuBLAS reads its workspace when CUDA starts
     precision = Precision(cfg.amp.mode, device)
     reuse_host_memory()
-    determinism.apply(cfg.cudnn)
     threads.apply(cfg.trainer.num_threads)
+    compilation.forget_earlier_runs()
     memory_format = MemoryFormat(cfg.memory_format.name)
 
     # A checkpoint to continue from decides the seed of a seed=random run.
@@ -66,8 +67,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     root_seed = state["root_seed"] if state else seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
     root_seed = distributed.broadcast(root_seed, dist)  # one draw of seed=random for all ranks
     cfg.seed.value = root_seed
+    # What this machine made of the config: a resume must not change it.
+    resolved = {"device": device.type, "amp": precision.mode, "memory_format": memory_format.name}
     if state:
-        resume.check_compatible(state["config"], cfg)
+        resume.check_compatible(state, cfg, resolved)
     seeding.seed_globals(root_seed, rank=dist.rank)
 
     # Data and model.
@@ -79,16 +82,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model = memory_format.model(build.model(cfg, root_seed).to(device))
     forward_model = build.data_parallel(model, cfg.trainer.sync_batchnorm, dist, device)
     if cfg.trainer.compile:
-        # In place: state_dict keys and the weights hash stay the same. Compiling the DDP
-        # wrapper (not the model inside) lets gradient all-reduces overlap the backward pass.
-        forward_model.compile()
+        # The DDP wrapper, not the model inside: gradient all-reduces overlap the backward pass.
+        compilation.compile_in_place(forward_model)
     optimizer = instantiate(cfg.optimizer, params=model.parameters())
     total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
     if cfg.trainer.max_steps is not None:
         total_steps = min(total_steps, cfg.trainer.max_steps)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    config_values = OmegaConf.to_container(cfg, resolve=True)
     if dist.is_main:
         OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
     trainer = Trainer(
@@ -98,7 +100,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         checkpointer=checkpointer,
         metrics=MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main),
         fingerprints=run_dir / "fingerprints.csv", trainer_cfg=cfg.trainer,
-        logger_cfg=cfg.logger, extra_state={"config": resolved, "root_seed": root_seed},
+        logger_cfg=cfg.logger,
+        extra_state={"config": config_values, "root_seed": root_seed, "resolved": resolved},
         total_steps=total_steps, dist=dist, forward_model=forward_model,
     )  # fmt: skip
     if state:
@@ -128,6 +131,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "stopped_by_signal": trainer.stopped_by,
         "resumed_from_step": state["position"]["step"] if state else None,
         "amp": precision.mode,
+        "amp_emulated": precision.emulated,
         "memory_format": memory_format.name,
         "pin_memory": pin_memory,
         "flags": determinism.snapshot(),

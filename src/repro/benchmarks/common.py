@@ -31,7 +31,7 @@ from repro.data.loader import close
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog, write_json_atomic
 from repro.engine.loop import Trainer
-from repro.runtime import determinism
+from repro.runtime import compilation, determinism
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 from repro.runtime.seeding import seed_globals
@@ -63,9 +63,10 @@ def trainer(
     """A Trainer assembled from `cfg` the way train.py assembles one (no resume, no files
     beyond `folder`): its `_train_step`, loaders and `to_device` are what training runs."""
     device = select_device(cfg.trainer.device)
+    determinism.apply(cfg.cudnn, device)  # first: cuBLAS reads its workspace when CUDA starts
     precision = Precision(cfg.amp.mode, device)
     reuse_host_memory()
-    determinism.apply(cfg.cudnn)
+    compilation.forget_earlier_runs()  # every row starts afresh, far from the recompile limit
     memory_format = MemoryFormat(cfg.memory_format.name)
     seed = int(cfg.seed.value)
     seed_globals(seed)
@@ -73,7 +74,7 @@ def trainer(
     train_loader, sampler, val_loader = build.loaders(cfg, data, pin_memory, seed, device=device)
     model = memory_format.model(build.model(cfg, seed).to(device))
     if cfg.trainer.compile:
-        model.compile()
+        compilation.compile_in_place(model)
     optimizer = instantiate(cfg.optimizer, params=model.parameters())
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
     folder.mkdir(parents=True, exist_ok=True)

@@ -77,10 +77,6 @@ def row_config(cfg: DictConfig, row: dict[str, Any]) -> DictConfig:
 def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -> dict[str, Any]:
     """One row: warm up, then time `timed` steps of the template's own train step."""
     device = select_device(cfg.trainer.device)
-    if cfg.trainer.compile:
-        import torch._dynamo
-
-        torch._dynamo.reset()  # every compiled row starts afresh, far from the recompile limit
     common.reset_peak_memory(device)
     trainer = common.trainer(cfg, data, folder, total_steps=warmup + timed)
     source = common.batches(trainer)

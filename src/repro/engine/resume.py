@@ -50,8 +50,21 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def check_compatible(saved: dict[str, Any], cfg: DictConfig) -> None:
-    """Refuse to resume under a config that differs in anything that changes results."""
+def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str, str]) -> None:
+    """Refuse to resume under a config that differs in anything that changes results, or on
+    a machine where the same config resolves otherwise (`amp=auto`, `trainer.device=auto`)."""
+    _check_config(state["config"], cfg)
+    changed = [key for key in sorted(resolved) if state["resolved"].get(key) != resolved[key]]
+    if changed:
+        shown = "; ".join(f"{k}: {state['resolved'].get(k)!r} -> {resolved[k]!r}" for k in changed)
+        raise CheckpointError(
+            f"this machine resolves the same config differently from the checkpoint's ({shown}); "
+            "resuming would change precision or device mid-run: resume where it was trained, "
+            "or name the setting (e.g. amp=bf16, trainer.device=cuda) in a new run folder"
+        )
+
+
+def _check_config(saved: dict[str, Any], cfg: DictConfig) -> None:
     now = _flatten(OmegaConf.to_container(cfg, resolve=True))
     before = _flatten(saved)
     differing = sorted(

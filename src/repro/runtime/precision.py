@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
 
 from repro.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -39,6 +42,13 @@ class Precision:
             raise ConfigError("amp", mode, f"{device.type} cannot run it; allowed here: {allowed}")
         self.mode = mode
         self.device = device
+        # Pre-Ampere GPUs run bf16 through fp32 units: correct, but slower than no autocast.
+        self.emulated = mode == "bf16" and device.type == "cuda" and not native_bf16()
+        if self.emulated:
+            log.warning(
+                "amp=bf16 on %s runs emulated (no native bf16 on this GPU) and slowly; "
+                "amp=fp16 or amp=off is faster here", torch.cuda.get_device_name(device),
+            )  # fmt: skip
         self.dtype = DTYPES.get(mode)
         # Only fp16 has too narrow a range for gradients; bf16 needs no scaling.
         self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")
