@@ -120,3 +120,70 @@ def test_a_bad_setting_on_the_command_line_exits_2_without_a_traceback(tmp_path)
     done = run_cli("repro.bench", "suite=overhead", "suite.pairs=-1", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "error: suite.pairs=-1 is not allowed: an integer >= 1" in done.stderr
+
+
+# ---- suite=exactness ----------------------------------------------------------------------
+
+EXACTNESS = ("suite=exactness", "suite.steps=5", "suite.checkpoint_every_steps=2")
+
+
+def test_exactness_suite_passes_on_this_machine(tmp_path):
+    done = run_cli("repro.bench", *EXACTNESS, "suite.kill_seed=0", *tiny(),
+                   f"hydra.run.dir={tmp_path}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = written(tmp_path)["summary"]
+    checks = {check["name"]: check for check in summary["checks"]}
+    assert list(checks) == ["rerun", "workers", "device_loader", "kill_resume",
+                            "fp16_kill_resume", "torchrun", "cost"]  # fmt: skip
+    for name in ("rerun", "workers", "device_loader", "kill_resume"):
+        assert checks[name]["passed"] is True, checks[name]
+    assert checks["fp16_kill_resume"]["passed"] is None  # CUDA only; this machine has none
+    assert summary["all_passed"] is True and summary["steps"] == 5
+    assert 3 <= summary["kill_step"] <= 4, "after the first checkpoint, before the end"
+    assert f"killed at step {summary['kill_step']}, resumed from" in checks["kill_resume"]["detail"]
+    assert finite(summary["exact_images_per_s"], summary["fast_images_per_s"])
+    # The runs are real ones, of the configured (tiny) model, with their own folders.
+    reference = tmp_path / "runs" / "reference" / "resolved_config.yaml"
+    assert "- 8\n" in reference.read_text(), "model.widths=[8,16] reached the runs"
+
+
+NOISY_MODEL = """
+import secrets, torch
+from repro.models.small_cnn import SmallCNN
+
+class Noisy(SmallCNN):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with torch.no_grad():  # a fresh draw in every process: no two runs agree
+            self[0].weight.add_(secrets.randbelow(1000) / 1000)
+"""
+
+
+def test_a_failing_check_is_reported_and_the_command_exits_1(tmp_path):
+    (tmp_path / "noisy_model.py").write_text(NOISY_MODEL)
+    done = run_cli(
+        "repro.bench", *EXACTNESS, "suite.checks=[rerun]", *tiny(),
+        "model._target_=noisy_model.Noisy", f"hydra.run.dir={tmp_path / 'bench'}",
+        env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    summary = written(tmp_path / "bench")["summary"]
+    assert summary["all_passed"] is False
+    ((rerun,),) = [[c for c in summary["checks"] if c["name"] == "rerun"]]
+    assert rerun["passed"] is False and "reference" in rerun["detail"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("suite.checkpoint_every_steps=4", "suite.checkpoint_every_steps=4 is not allowed: less"),
+        ("suite.checks=[rerun,bogus]", "a non-empty list of: rerun, workers"),
+        ("suite.kill_seed=-3", "suite.kill_seed=-3 is not allowed"),
+        ("suite.steps=1", "suite.steps=1 is not allowed: an integer >= 3"),
+    ],
+)
+def test_bad_exactness_settings_are_named_before_anything_runs(bench, tmp_path, override, message):
+    cfg = compose_bench(*EXACTNESS, override)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        bench(cfg, tmp_path)
+    assert not list(tmp_path.iterdir())

@@ -1,4 +1,4 @@
-"""Measure speed on this machine: `python -m repro.bench [suite=knobs|overhead|startup] ...`.
+"""Measure this machine: `python -m repro.bench [suite=knobs|overhead|startup|exactness] ...`.
 
 The training config composes as for `repro.train` (preset=fast, amp=bf16, dataloader=device
 ... all work); `suite.*` holds the suite's settings (conf/suite/). Prints a table and writes
@@ -48,9 +48,11 @@ def bench(cfg: DictConfig, run_dir: Path) -> dict:
 @hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        bench(cfg, Path(HydraConfig.get().runtime.output_dir))
+        payload = bench(cfg, Path(HydraConfig.get().runtime.output_dir))
     except UserError as error:
         exit_with(error)
+    if payload["summary"].get("all_passed") is False:  # a suite of checks: one failed
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from repro.config import Config
 from repro.errors import ConfigError
 
-SUITES = ("knobs", "overhead", "startup")
+SUITES = ("knobs", "overhead", "startup", "exactness")
 
 
 @dataclass
@@ -36,6 +36,7 @@ COUNTS = {
     "knobs": {"warmup_steps": 1, "timed_steps": 1},  # the first step compiles and autotunes
     "overhead": {"pairs": 1, "steps": 1, "warmup_steps": 0},
     "startup": {"repeats": 1},
+    "exactness": {"steps": 3, "checkpoint_every_steps": 1, "timeout_s": 1},
 }
 GRID = {
     "memory_format": ("contiguous", "channels_last"),
@@ -59,6 +60,8 @@ def validate(suite: Any) -> None:
         value = suite.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"suite.{key}", value, f"an integer >= {least}")
+    if suite.name == "exactness":
+        _validate_exactness(suite)
     if suite.name != "knobs":
         return
     for axis in (*GRID, "loader"):
@@ -78,3 +81,18 @@ def _allowed(axis: str, value: Any) -> bool:
     if axis == "loader":
         return value == "device" or (type(value) is int and value >= 0)
     return any(value == v and type(value) is type(v) for v in GRID[axis])
+
+
+def _validate_exactness(suite: Any) -> None:
+    if suite.checkpoint_every_steps >= suite.steps - 1:
+        allowed = f"less than suite.steps - 1 ({suite.steps - 1}): the kill comes after it"
+        raise ConfigError("suite.checkpoint_every_steps", suite.checkpoint_every_steps, allowed)
+    from repro.benchmarks.exactness import CHECKS
+
+    names = suite.get("checks")
+    if not names or isinstance(names, str) or any(name not in CHECKS for name in names):
+        allowed = f"a non-empty list of: {', '.join(CHECKS)}"
+        raise ConfigError("suite.checks", names, allowed)
+    seed = suite.get("kill_seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError("suite.kill_seed", seed, "null (a fresh draw) or an integer >= 0")

@@ -192,6 +192,14 @@ def machine(device: torch.device | None = None) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def train_overrides() -> list[str]:
+    """This command's overrides that concern training (not the suite, not Hydra's own)."""
+    if not HydraConfig.initialized():
+        return []
+    task = HydraConfig.get().overrides.task
+    return [o for o in task if not o.lstrip("+~").startswith(("suite", "hydra"))]
+
+
 def command() -> str:
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     return " ".join(["python -m repro.bench", *overrides])

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from repro.benchmarks.common import Column, Result
+from repro.benchmarks.common import Column, Result, train_overrides
 from repro.errors import UserError
 
 ACCEPT = 1.0
@@ -36,14 +35,6 @@ COLUMNS = [
     Column("what", "what"),
     Column("seconds", "seconds", "{:.3f}"),
 ]
-
-
-def train_overrides() -> list[str]:
-    """This command's overrides that concern training (not the suite, not Hydra's own)."""
-    if not HydraConfig.initialized():
-        return []
-    task = HydraConfig.get().overrides.task
-    return [o for o in task if not o.lstrip("+~").startswith(("suite", "hydra"))]
 
 
 def time_import(statement: str) -> float:
