@@ -11,7 +11,7 @@ help:
 	@echo "make test    - the test suite (fast; 'make test-all' adds slow tests)"
 	@echo "make sweep   - 5 seeds of the default config in parallel, then their statistics"
 	@echo "make train-ddp - the default run as 2 DistributedDataParallel processes (torchrun)"
-	@echo "make bench   - speed on this machine: ARGS='suite=knobs|overhead|startup [overrides]'"
+	@echo "make bench   - speed or exactness on this machine: ARGS='suite=knobs|overhead|startup|exactness [overrides]'"
 	@echo "make lint    - ruff lint and format check"
 
 setup: .venv/.synced
