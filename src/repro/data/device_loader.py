@@ -4,9 +4,9 @@ The whole uint8 split is copied to the device once. Each batch is one gather fro
 vectorised crop and flip (`Compose.batch`), with no worker processes and no host-to-device
 copy of images. The keys are those of the DataLoader path: the epoch's order comes from the
 same `EpochBatches` sampler (the "order" stream, `set_epoch(epoch, start_batch)` for exact
-resume) and each sample's crop offsets and flip from its own generator
-`sample_rng(augment, epoch, index)`, drawn in the same order. So for a seed and an epoch the
-batches are the DataLoader's, to the byte, and on CPU so are the final weights.
+resume) and each sample's crop offsets and flip are the same pure function of (augment stream,
+epoch, index), computed on the device for the whole batch (`seeding.SampleKeys`). So for a
+seed and an epoch the batches are the DataLoader's, to the byte, and so are the final weights.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from repro.data.loader import Batch, BatchMaker, EpochBatches
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.errors import ConfigError
-from repro.runtime.seeding import sample_rng, stream_seed
+from repro.runtime.seeding import stream_seed
 
 
 def _on_device(source: Source, transform: Compose, device: torch.device) -> TensorImages:
@@ -43,8 +43,8 @@ class DeviceTrainLoader:
         device: torch.device,
     ) -> None:  # fmt: skip
         self.dataset = _on_device(source, transform, device)
-        self.maker = BatchMaker(self.dataset, transform)
-        self.sampler, self.stream = sampler, augment_stream
+        self.maker = BatchMaker(self.dataset, transform, augment_stream)
+        self.sampler = sampler
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.sampler.set_epoch(epoch, start_batch)
@@ -53,10 +53,8 @@ class DeviceTrainLoader:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[Batch]:
-        stream = self.stream
         for keys in self.sampler:
-            rngs = [sample_rng(stream, epoch, index) for epoch, index in keys]
-            yield self.maker([index for _, index in keys], rngs)
+            yield self.maker([index for _, index in keys], keys[0][0])
 
 
 class DeviceEvalLoader:
@@ -75,7 +73,7 @@ class DeviceEvalLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         for chunk in self.indices.split(self.batch_size):
-            yield self.maker(chunk, [None] * len(chunk))
+            yield self.maker(chunk)
 
 
 def loaders(

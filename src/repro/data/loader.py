@@ -1,14 +1,15 @@
 """DataLoaders whose output depends only on (seed, epoch), never on workers or pinning.
 
 The train sampler yields batches of (epoch, index) keys: the epoch's order is a pure
-function of (seed, epoch), and each sample is augmented with a generator keyed on
-(seed, epoch, index). Batches come back from the DataLoader in sampler order whatever the
-number of workers, so the model sees the same bytes in every configuration. A resumed
-run starts the sampler at its saved batch position instead of replaying data.
+function of (seed, epoch), and each sample's augmentation draws are a pure function of
+(seed, epoch, index) (`seeding.SampleKeys`). Batches come back from the DataLoader in sampler
+order whatever the number of workers, so the model sees the same bytes in every
+configuration. A resumed run starts the sampler at its saved batch position instead of
+replaying data.
 
 For in-memory sources the views build a whole batch at once (`__getitems__`, which the
-DataLoader calls with the batch's keys): one gather and vectorised crop and flip, with each
-sample's parameters drawn from its own generator exactly as the per-sample path draws them.
+DataLoader calls with the batch's keys): one gather and vectorised crop and flip, with the
+draws of all samples computed at once, equal to those of the per-sample path.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 from repro.data.datasets import Source, Splits
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
-from repro.runtime.seeding import sample_rng, seed_worker, stream_seed, torch_generator
+from repro.runtime.seeding import SampleKeys, seed_worker, stream_seed, torch_generator
 from repro.runtime.transfer import host_to_device
 
 
@@ -70,7 +71,7 @@ class TrainView(Dataset):
 
     def __init__(self, source: Source, transform: Compose, augment_stream: int) -> None:
         self.source, self.transform, self.stream = source, transform, augment_stream
-        self.maker = BatchMaker.of(source, transform)  # whole batches, for in-memory data
+        self.maker = BatchMaker.of(source, transform, augment_stream)  # for in-memory data
         self.slots: SharedSlots | None = None  # set by train_loader when workers make batches
         # Set by train_loader for CPU training with workers: batches leave the workers as the
         # model's float input, so the training thread neither waits for nor does that work.
@@ -82,13 +83,13 @@ class TrainView(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         epoch, index = key
         image, label = self.source[index]
-        return self.transform(image, sample_rng(self.stream, epoch, index)), label
+        return self.transform(image, SampleKeys(self.stream, epoch, index)), label
 
     def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Batch | SlotRef | list[Any]:
         if self.maker is None:
             return [self[key] for key in keys]
-        rngs = [sample_rng(self.stream, epoch, index) for epoch, index in keys]
-        batch = self.maker([index for _, index in keys], rngs)
+        epoch = keys[0][0]  # EpochBatches: one epoch per batch
+        batch = self.maker([index for _, index in keys], epoch)
         if self.prepare is not None:
             batch = Batch(*self.prepare(*batch))
         return self.slots.put(batch) if self.slots is not None else batch
@@ -111,7 +112,7 @@ class EvalView(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> Batch | list[Any]:
         if self.maker is None:
             return [self[index] for index in indices]
-        return self.maker(list(indices), [None] * len(indices))
+        return self.maker(list(indices))
 
 
 class Batch(NamedTuple):
@@ -186,22 +187,25 @@ def _batch_from_slot(token: str, slot: int) -> Batch:
 
 class BatchMaker:
     """Samples of an in-memory source through a pipeline, a whole batch at a time, on the
-    source's device (`Compose.over`); rngs[i] is sample i's generator, or None."""
+    source's device (`Compose.over`); random steps draw from `stream` keyed on the epoch and
+    the indices, computed there for the whole batch."""
 
-    def __init__(self, source: TensorImages, transform: Compose) -> None:
+    def __init__(self, source: TensorImages, transform: Compose, stream: int | None = None) -> None:
         self.labels, self.make = source.labels, transform.over(source.images)
-        self.device = source.images.device
+        self.device, self.stream = source.images.device, stream
 
     @classmethod
-    def of(cls, source: Source, transform: Compose) -> BatchMaker | None:
+    def of(cls, source: Source, transform: Compose, stream: int | None = None) -> BatchMaker | None:
         """A maker where batches can be made whole, else None (per-sample path)."""
         if isinstance(source, TensorImages) and transform.batchable:
-            return cls(source, transform)
+            return cls(source, transform, stream)
         return None
 
-    def __call__(self, indices: list[int] | torch.Tensor, rngs: list[Any]) -> Batch:
+    def __call__(self, indices: list[int] | torch.Tensor, epoch: int | None = None) -> Batch:
+        """The batch of `indices`; `epoch` keys the random draws (None: no random step)."""
         index = host_to_device(torch.as_tensor(indices, dtype=torch.int64), self.device)
-        return Batch(self.make(index, rngs), self.labels[index.to(self.labels.device)])
+        keys = None if epoch is None else SampleKeys(self.stream, epoch, index)
+        return Batch(self.make(index, keys), self.labels[index.to(self.labels.device)])
 
 
 def collate(data: Batch | SlotRef | list[Any]) -> Any:

@@ -1,34 +1,39 @@
 """Per-sample image transforms on uint8 CHW tensors.
 
-Random transforms draw only from the `rng` they are handed (a private generator keyed on
-seed, epoch and sample index), never from a global generator, so a sample comes out the
-same whichever worker made it. Deterministic transforms ignore `rng`.
+Random transforms draw only from the `keys` they are handed (`seeding.SampleKeys`: the
+sample's stream seed, epoch and index), as pure functions of those keys and a draw number of
+their own, never from a global generator: a sample comes out the same whichever worker made
+it. Deterministic transforms ignore `keys`.
 
 `Compose.batch` applies the same pipeline to a whole uint8 NCHW batch with tensor ops (on
-any device), drawing each sample's parameters from that sample's own generator in the same
-order as the per-sample path, so both give the same bytes.
+any device), with the keys of the whole batch as tensors: the draws are the per-sample ones,
+computed for every sample at once, so both paths give the same bytes and no Python runs per
+sample.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.nn import functional
 
-from repro.runtime.transfer import host_to_device
+from repro.runtime.seeding import SampleKeys
 
-Transform = Callable[[torch.Tensor, "random.Random | None"], torch.Tensor]
+Transform = Callable[[torch.Tensor, "SampleKeys | None"], torch.Tensor]
+
+# Each random transform's own draw numbers, so no two draws of a sample coincide.
+CROP_TOP, CROP_LEFT, FLIP = 0, 1, 2
 
 
 class Compose:
     def __init__(self, steps: Sequence[Transform]) -> None:
         self.steps = list(steps)
 
-    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         for step in self.steps:
-            image = step(image, rng)
+            image = step(image, keys)
         return image
 
     @property
@@ -36,15 +41,15 @@ class Compose:
         """Whether every step has a whole-batch form (resizing has none: sizes may differ)."""
         return all(hasattr(step, "batch") for step in self.steps)
 
-    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
-        """The pipeline on a uint8 (N, C, H, W) batch; rngs[i] is sample i's generator."""
+    def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        """The pipeline on a uint8 (N, C, H, W) batch; `keys` holds the samples' keys."""
         for step in self.steps:
-            images = step.batch(images, rngs)  # type: ignore[attr-defined]
+            images = step.batch(images, keys)  # type: ignore[attr-defined]
         return images
 
     def over(self, images: torch.Tensor) -> Gathered | CropFlipTable:
         """This (batchable) pipeline over a whole uint8 (N, C, H, W) dataset, as a callable
-        (indices, rngs) -> batch: the train pipeline (random crop, then flip) becomes one
+        (indices, keys) -> batch: the train pipeline (random crop, then flip) becomes one
         gather from a padded and mirrored copy of the dataset made here."""
         kinds = [type(step) for step in self.steps]
         if kinds in ([RandomCrop], [RandomCrop, HorizontalFlip]):
@@ -58,8 +63,8 @@ class Gathered:
     def __init__(self, images: torch.Tensor, pipeline: Compose) -> None:
         self.images, self.pipeline = images, pipeline
 
-    def __call__(self, indices: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
-        return self.pipeline.batch(self.images[indices], rngs)
+    def __call__(self, indices: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        return self.pipeline.batch(self.images[indices], keys)
 
 
 class CropFlipTable:
@@ -68,8 +73,8 @@ class CropFlipTable:
     The dataset is padded once and stored next to its mirror image (2 x (1 + 2 padding /
     size)^2 x its memory); every row of every crop is then a contiguous run of `size` bytes
     of that table, at an offset set by the sample, its flip, its crop corner, its channel
-    and the row. Each sample's parameters come from its own generator, drawn in the order
-    of the per-sample steps, so the bytes are theirs.
+    and the row. Each sample's parameters are the per-sample steps' draws from its keys, so
+    the bytes are theirs.
     """
 
     def __init__(
@@ -86,20 +91,20 @@ class CropFlipTable:
         self.channel = torch.arange(channels, device=device).view(1, -1, 1)
         self.span = torch.arange(size, device=device).view(1, 1, -1)
 
-    def __call__(self, indices: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+    def __call__(self, indices: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        assert keys is not None
         count, channels, height, width = self.shape
         pad, size = self.crop.padding, self.crop.size
         padded_height, padded_width = height + 2 * pad, width + 2 * pad
-        draws = []
-        for rng in rngs:
-            top, left = self.crop.draw(rng, height, width)
-            mirrored = self.flip is not None and self.flip.draw(rng)
+        top, left = self.crop.draw(keys, height, width)
+        top, left = top + pad, left + pad
+        image = indices
+        if self.flip is not None:
             # The flip of a crop at `left` is the crop of the mirror at the mirrored corner.
-            left = padded_width - size - (left + pad) if mirrored else left + pad
-            draws.append((int(mirrored), top + pad, left))
-        drawn = host_to_device(torch.tensor(draws, dtype=torch.int64), indices.device)
-        image = (drawn[:, 0] * count + indices).view(-1, 1, 1)
-        top, left = drawn[:, 1].view(-1, 1, 1), drawn[:, 2].view(-1, 1, 1)
+            mirrored = self.flip.draw(keys)
+            left = torch.where(mirrored, padded_width - size - left, left)
+            image = image + mirrored * count
+        image, top, left = image.view(-1, 1, 1), top.view(-1, 1, 1), left.view(-1, 1, 1)
         start = (image * channels + self.channel) * padded_height + top + self.span
         start = start * padded_width + left
         batch = self.rows.index_select(0, start.view(-1))
@@ -112,16 +117,17 @@ class RandomCrop:
     def __init__(self, size: int, padding: int = 0) -> None:
         self.size, self.padding = size, padding
 
-    def draw(self, rng: random.Random | None, height: int, width: int) -> tuple[int, int]:
-        """The crop's top-left corner in unpadded coordinates (negative inside the padding)."""
-        assert rng is not None
-        top = rng.randint(0, height + 2 * self.padding - self.size) - self.padding
-        left = rng.randint(0, width + 2 * self.padding - self.size) - self.padding
+    def draw(self, keys: SampleKeys | None, height: int, width: int) -> tuple[Any, Any]:
+        """The crop's top-left corner in unpadded coordinates (negative inside the padding):
+        ints for one sample, tensors for a batch."""
+        assert keys is not None
+        top = keys.integers(CROP_TOP, height + 2 * self.padding - self.size + 1) - self.padding
+        left = keys.integers(CROP_LEFT, width + 2 * self.padding - self.size + 1) - self.padding
         return top, left
 
-    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         _, height, width = image.shape
-        top, left = self.draw(rng, height, width)
+        top, left = self.draw(keys, height, width)
         if 0 <= top <= height - self.size and 0 <= left <= width - self.size:
             return image[:, top : top + self.size, left : left + self.size]
         out = image.new_zeros((image.shape[0], self.size, self.size))
@@ -132,12 +138,11 @@ class RandomCrop:
         ]
         return out
 
-    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+    def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         """Every sample's crop in one gather from a window view of the zero-padded batch."""
         n, channels, height, width = images.shape
-        corners = [self.draw(rng, height, width) for rng in rngs]
+        top, left = self.draw(keys, height, width)
         pad = self.padding
-        offsets = torch.tensor(corners, dtype=torch.int64).add_(pad).to(images.device)
         padded = images
         if pad:
             padded = images.new_zeros((n, channels, height + 2 * pad, width + 2 * pad))
@@ -145,26 +150,24 @@ class RandomCrop:
         # (n, C, rows, cols, size, size): every crop position as a view, nothing copied.
         windows = padded.unfold(2, self.size, 1).unfold(3, self.size, 1)
         samples = torch.arange(n, device=images.device)
-        return windows[samples, :, offsets[:, 0], offsets[:, 1]]
+        return windows[samples, :, top + pad, left + pad]
 
 
 class HorizontalFlip:
     def __init__(self, p: float = 0.5) -> None:
         self.p = p
 
-    def draw(self, rng: random.Random | None) -> bool:
-        assert rng is not None
-        return rng.random() < self.p
+    def draw(self, keys: SampleKeys | None) -> Any:
+        """Whether to flip: a bool for one sample, a bool tensor for a batch."""
+        assert keys is not None
+        return keys.below(FLIP, self.p)
 
-    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
-        return image.flip(-1) if self.draw(rng) else image
+    def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        return image.flip(-1) if self.draw(keys) else image
 
-    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
-        flips = torch.tensor([self.draw(rng) for rng in rngs], dtype=torch.bool)
-        chosen = flips.nonzero().view(-1).to(images.device)
-        out = images.clone(memory_format=torch.contiguous_format)
-        out[chosen] = images[chosen].flip(-1)
-        return out
+    def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        flips = self.draw(keys).view(-1, 1, 1, 1)
+        return torch.where(flips, images.flip(-1), images).contiguous()
 
 
 class ResizeShorter:
@@ -173,7 +176,7 @@ class ResizeShorter:
     def __init__(self, size: int) -> None:
         self.size = size
 
-    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         height, width = image.shape[-2:]
         if min(height, width) == self.size:
             return image
@@ -189,12 +192,12 @@ class CenterCrop:
     def __init__(self, size: int) -> None:
         self.size = size
 
-    def __call__(self, image: torch.Tensor, rng: random.Random | None) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         height, width = image.shape[-2:]
         top, left = (height - self.size) // 2, (width - self.size) // 2
         return image[..., top : top + self.size, left : left + self.size]
 
-    def batch(self, images: torch.Tensor, rngs: Sequence[random.Random | None]) -> torch.Tensor:
+    def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         return self(images, None).contiguous()
 
 

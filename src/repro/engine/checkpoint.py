@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = "repro-checkpoint"
 # 2: the RNG state holds the training device's generator only (1 held every visible GPU's).
-VERSION = 2
+# 3: augmentation draws are counter-based (seeding.SampleKeys); 2 resumed with other draws.
+VERSION = 3
 ZIP_MAGIC = b"PK\x03\x04"
 STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
 

@@ -14,6 +14,8 @@ import random
 import secrets
 import signal
 import zlib
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -46,13 +48,61 @@ def torch_generator(root: int, name: str, *keys: int, rank: int = 0) -> torch.Ge
     return torch.Generator().manual_seed(stream_seed(root, name, *keys, rank=rank))
 
 
-def sample_rng(stream: int, epoch: int, index: int) -> random.Random:
-    """A private generator for one sample's augmentation in one epoch.
+# ---- counter-based draws: a sample's random numbers as a pure function of its key ----------
 
-    Cheap enough for the per-sample hot path; keyed only on (stream, epoch, index), so the
-    worker that produces a sample does not matter.
+MASK32 = 0xFFFFFFFF
+Counter = int | torch.Tensor  # one sample (a Python int) or a batch (an int64 tensor)
+
+
+def _mul32(x: Counter, constant: int) -> Counter:
+    """x * constant mod 2**32, for x in [0, 2**32): split so that no product leaves int64
+    (torch's integer overflow is not something to rely on across devices)."""
+    high, low = constant >> 16, constant & 0xFFFF
+    return (x * low + (((x * high) & 0xFFFF) << 16)) & MASK32
+
+
+def _mix32(x: Counter) -> Counter:
+    """A bijective 32-bit integer hash with low bias (xorshift-multiply, "lowbias32"
+    constants). Integer operations only: exact, so the same on every device."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+@dataclass(frozen=True)
+class SampleKeys:
+    """The counters of samples' random draws: a stream seed, and epochs and dataset indices,
+    as Python ints (one sample) or int64 tensors (a batch, on any device).
+
+    Draw number `draw` of a sample is a pure function of (stream, epoch, index, draw): the
+    same whichever worker, batch or device computes it, and for a whole batch it costs a few
+    tensor operations instead of Python per sample.
     """
-    return random.Random((stream << 64) | (epoch << 32) | index)
+
+    stream: int
+    epoch: Counter
+    index: Counter
+
+    @cached_property
+    def _sample_hash(self) -> Counter:
+        hashed = _mix32((self.stream & MASK32) ^ _mix32((self.stream >> 32) & MASK32))
+        hashed = _mix32(hashed ^ (self.epoch & MASK32))
+        return _mix32(hashed ^ (self.index & MASK32))
+
+    def bits(self, draw: int) -> Counter:
+        """32 random bits, in [0, 2**32)."""
+        return _mix32(self._sample_hash ^ _mix32(draw))
+
+    def integers(self, draw: int, high: int) -> Counter:
+        """A uniform integer in [0, high), high < 2**31 (multiply-shift: no modulo bias
+        beyond high / 2**32)."""
+        return (self.bits(draw) * high) >> 32
+
+    def below(self, draw: int, probability: float) -> bool | torch.Tensor:
+        """True with `probability`."""
+        return self.bits(draw) < round(probability * 2**32)
 
 
 def seed_globals(root: int, rank: int = 0) -> None:

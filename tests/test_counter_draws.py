@@ -1,0 +1,83 @@
+"""Counter-based augmentation draws: a pure function of (stream, epoch, index, draw), the same
+for one sample or a batch, on the CPU or a GPU, and random enough to augment with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from repro.data import transforms
+from repro.data.loader import TrainView
+from repro.data.sources import TensorImages
+from repro.runtime import seeding
+from repro.runtime.seeding import SampleKeys
+
+STREAM = seeding.stream_seed(3, "augment")
+
+
+def test_a_samples_draws_do_not_depend_on_its_batch_or_its_neighbours():
+    first = SampleKeys(STREAM, 4, torch.tensor([5, 9, 2]))
+    second = SampleKeys(STREAM, 4, torch.tensor([2, 100, 5, 7]))
+    for draw, high in ((0, 9), (1, 9), (2, 1000)):
+        a, b = first.integers(draw, high), second.integers(draw, high)
+        assert a[0] == b[2] and a[2] == b[0]
+        # One sample alone, with Python ints (the per-sample path), gives the same numbers.
+        assert [SampleKeys(STREAM, 4, i).integers(draw, high) for i in (5, 9, 2)] == a.tolist()
+
+
+def test_draws_are_uniform_and_differ_across_samples_epochs_and_draw_numbers():
+    indices = torch.arange(200_000)
+    keys = SampleKeys(STREAM, 0, indices)
+    counts = torch.bincount(keys.integers(0, 10), minlength=10).double()
+    expected = len(indices) / 10
+    chi_square = float(((counts - expected) ** 2 / expected).sum())
+    assert chi_square < 30, f"9 degrees of freedom: p < 0.001 beyond 27.9 ({chi_square})"
+    flips = keys.below(2, 0.5).double().mean().item()
+    assert abs(flips - 0.5) < 0.005
+    bits = keys.bits(0)
+    assert len(torch.unique(bits)) > 0.999 * len(indices), "distinct samples, distinct draws"
+    next_epoch = SampleKeys(STREAM, 1, indices).bits(0)
+    assert (next_epoch == bits).double().mean() < 1e-4, "another epoch, other draws"
+    # Neither a neighbouring index nor another draw number of the same sample is correlated.
+    top, left = keys.integers(0, 9).double(), keys.integers(1, 9).double()
+    assert abs(torch.corrcoef(torch.stack([top, left]))[0, 1]) < 0.01
+    assert abs(torch.corrcoef(torch.stack([top[1:], top[:-1]]))[0, 1]) < 0.01
+    other_stream = SampleKeys(seeding.stream_seed(4, "augment"), 0, indices).bits(0)
+    assert (other_stream == bits).double().mean() < 1e-4, "another seed, other draws"
+
+
+def test_batched_crop_and_flip_give_the_per_sample_bytes():
+    images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
+    pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=2)
+    indices = torch.tensor([7, 3, 3, 41, 0, 12])
+    batched = pipeline.over(images)(indices, SampleKeys(STREAM, 5, indices))
+    one_by_one = [pipeline(images[i], SampleKeys(STREAM, 5, int(i))) for i in indices]
+    assert torch.equal(batched, torch.stack(one_by_one))
+    plain = pipeline.batch(images[indices], SampleKeys(STREAM, 5, indices))
+    assert torch.equal(plain, batched), "the gather table and the plain batch ops agree"
+
+
+def test_a_batch_is_keyed_once_not_per_sample(monkeypatch):
+    made = []
+    original = SampleKeys.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SampleKeys, "__init__", counting)
+    source = TensorImages(
+        torch.zeros((100, 3, 8, 8), dtype=torch.uint8), torch.zeros(100, dtype=torch.int64)
+    )
+    view = TrainView(source, transforms.build(True, 8, None, 2), STREAM)
+    view.__getitems__([(2, index) for index in range(64)])
+    assert made == [1], "no Python per sample"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_same_draws_on_a_gpu():
+    indices = torch.arange(10_000)
+    on_cpu = SampleKeys(STREAM, 3, indices)
+    on_gpu = SampleKeys(STREAM, 3, indices.cuda())
+    for draw in (0, 1, 2):
+        assert torch.equal(on_cpu.bits(draw), on_gpu.bits(draw).cpu())
