@@ -10,6 +10,7 @@ import math
 import re
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from repro import config
@@ -187,3 +188,30 @@ def test_bad_exactness_settings_are_named_before_anything_runs(bench, tmp_path, 
     with pytest.raises(ConfigError, match=re.escape(message)):
         bench(cfg, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_data_suite_times_each_loader_against_a_bare_reference(bench, tmp_path):
+    cfg = compose_bench(
+        "suite=data", "suite.batches=2", "suite.repeats=2", "suite.warmup_batches=1",
+        "trainer.device=cpu",
+    )  # fmt: skip
+    bench(cfg, tmp_path)
+    payload = written(tmp_path)
+    assert [row["loader"] for row in payload["rows"]] == [0, 2, "device"]
+    for row in payload["rows"]:
+        assert finite(row["template_batches_per_s"], row["bare_batches_per_s"])
+        assert row["data_over_bare"] > 0
+    assert set(payload["summary"]["data_over_bare"]) == {"0", "2", "device"}
+
+
+def test_the_bare_reference_makes_real_crops_and_flips():
+    from repro.benchmarks.data import BareBatches
+
+    images = torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8)
+    bare = BareBatches(images, torch.arange(6), size=8, pad=2)
+    made, labels = bare.make(0, torch.tensor([4, 1]))
+    assert made.shape == (2, 3, 8, 8) and labels.tolist() == [4, 1]
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2))
+    for image, index in zip(made, (4, 1), strict=True):
+        crops = [padded[index, :, t : t + 8, x : x + 8] for t in range(5) for x in range(5)]
+        assert any(torch.equal(image, c) or torch.equal(image, c.flip(-1)) for c in crops)

@@ -3,6 +3,7 @@ for one sample or a batch, on the CPU or a GPU, and random enough to augment wit
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -72,6 +73,16 @@ def test_a_batch_is_keyed_once_not_per_sample(monkeypatch):
     view = TrainView(source, transforms.build(True, 8, None, 2), STREAM)
     view.__getitems__([(2, index) for index in range(64)])
     assert made == [1], "no Python per sample"
+
+
+def test_the_int64_tensor_arithmetic_a_gpu_runs_equals_the_cpu_paths():
+    """On a CPU the batch path computes with numpy uint64 (cheaper per call); a GPU runs the
+    same code on int64 tensors, where products wrap. Both must give the Python ints' bits."""
+    values = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 123456789, *range(1000, 1100)]
+    exact = [seeding._mix32(v) for v in values]
+    as_int64 = seeding._mix32(torch.tensor(values, dtype=torch.int64))
+    as_uint64 = seeding._mix32(np.array(values, dtype=np.uint64))
+    assert as_int64.tolist() == exact == as_uint64.tolist()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from repro.config import Config
 from repro.errors import ConfigError
 
-SUITES = ("knobs", "overhead", "startup", "exactness")
+SUITES = ("knobs", "overhead", "startup", "exactness", "data")
 
 
 @dataclass
@@ -37,6 +37,7 @@ COUNTS = {
     "overhead": {"pairs": 1, "steps": 1, "warmup_steps": 0},
     "startup": {"repeats": 1},
     "exactness": {"steps": 3, "checkpoint_every_steps": 1, "timeout_s": 1},
+    "data": {"batches": 1, "warmup_batches": 0, "repeats": 1},
 }
 GRID = {
     "memory_format": ("contiguous", "channels_last"),
@@ -62,15 +63,11 @@ def validate(suite: Any) -> None:
             raise ConfigError(f"suite.{key}", value, f"an integer >= {least}")
     if suite.name == "exactness":
         _validate_exactness(suite)
-    if suite.name != "knobs":
-        return
-    for axis in (*GRID, "loader"):
-        values = suite.grid.get(axis)
-        if not values or isinstance(values, str | int | bool):
-            raise ConfigError(f"suite.grid.{axis}", values, "a non-empty list, e.g. [a,b]")
-        for value in values:
-            if not _allowed(axis, value):
-                raise ConfigError(f"suite.grid.{axis}", value, f"list items from: {_ALLOWED[axis]}")
+    if suite.name == "data":
+        _validate_list(suite, "loaders", "loader", prefix="suite")
+    if suite.name == "knobs":
+        for axis in (*GRID, "loader"):
+            _validate_list(suite.grid, axis, axis, prefix="suite.grid")
 
 
 _ALLOWED = {axis: ", ".join(str(v).lower() for v in values) for axis, values in GRID.items()}
@@ -96,3 +93,13 @@ def _validate_exactness(suite: Any) -> None:
     seed = suite.get("kill_seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ConfigError("suite.kill_seed", seed, "null (a fresh draw) or an integer >= 0")
+
+
+def _validate_list(node: Any, key: str, axis: str, prefix: str) -> None:
+    """`node[key]` must be a non-empty list of the values allowed on `axis`."""
+    values = node.get(key)
+    if not values or isinstance(values, str | int | bool):
+        raise ConfigError(f"{prefix}.{key}", values, "a non-empty list, e.g. [a,b]")
+    for value in values:
+        if not _allowed(axis, value):
+            raise ConfigError(f"{prefix}.{key}", value, f"list items from: {_ALLOWED[axis]}")

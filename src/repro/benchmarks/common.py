@@ -14,6 +14,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from rich.table import Table
 
 from repro import build
 from repro.data.datasets import Splits
-from repro.data.loader import close
+from repro.data.loader import EpochBatches, close
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog, write_json_atomic
 from repro.engine.loop import Trainer
@@ -98,11 +99,11 @@ def device_of(trainer: Trainer) -> torch.device:
     return next(trainer.model.parameters()).device
 
 
-def batches(trainer: Trainer, epoch: int = 0):
-    """The training batches from `epoch` on, through the epochs, as the loop draws them."""
+def endless(loader: Any, sampler: EpochBatches, epoch: int = 0) -> Iterator[Any]:
+    """A training loader's batches from `epoch` on, through the epochs, as the loop draws them."""
     while True:
-        trainer.sampler.set_epoch(epoch)
-        yield from trainer.train_loader
+        sampler.set_epoch(epoch)
+        yield from loader
         epoch += 1
 
 

@@ -79,7 +79,7 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
     device = select_device(cfg.trainer.device)
     common.reset_peak_memory(device)
     trainer = common.trainer(cfg, data, folder, total_steps=warmup + timed)
-    source = common.batches(trainer)
+    source = common.endless(trainer.train_loader, trainer.sampler)
     try:
         for _ in range(warmup):
             trainer._train_step(*trainer.to_device(*next(source)))
