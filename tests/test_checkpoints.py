@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -132,8 +134,59 @@ def test_checkpointer_keeps_the_newest_k_and_last_points_at_the_newest(tmp_path)
     keeper = Checkpointer(tmp_path, keep=2)
     for step in (1, 2, 3):
         keeper.save({"position": {"step": step}}, step)
+    keeper.wait()
     assert [p.name for p in keeper.step_files()] == ["step-00000003.pt", "step-00000002.pt"]
     assert checkpoint.load(tmp_path / "last.pt")["position"]["step"] == 3
     (tmp_path / ".step-00000004.pt.123.tmp").write_bytes(b"half")
     Checkpointer(tmp_path, keep=2)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_checkpoints_are_written_on_a_background_thread_and_complete_at_the_end(
+    tmp_path, monkeypatch
+):
+    writers = []
+    original = checkpoint.atomic_save
+
+    def recording(obj, path, step=-1):
+        writers.append(threading.current_thread().name)
+        original(obj, path, step)
+
+    monkeypatch.setattr(checkpoint, "atomic_save", recording)
+    summary = train_in_process(tmp_path / "run", *KEEP)
+    assert writers and set(writers) == {"checkpoint-writer"}, "the training thread never writes"
+    folder = tmp_path / "run" / "checkpoints"
+    last = checkpoint.load(folder / "last.pt")  # complete on disk when train() returns
+    assert last["position"]["step"] == summary["total_steps"] == 12
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_the_saved_state_is_a_copy_taken_at_save_time(tmp_path):
+    weights = torch.zeros(3)
+    keeper = Checkpointer(tmp_path, keep=2)
+    keeper.save({"model": {"w": weights}, "position": {"step": 1}}, 1)
+    weights.add_(1)  # the next training step, while the write may still be going on
+    keeper.wait()
+    assert torch.equal(checkpoint.load(tmp_path / "last.pt")["model"]["w"], torch.zeros(3))
+
+
+def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint_usable(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = run_cli("repro.train", *KEEP, f"hydra.run.dir={run_dir}",
+                     env={"REPRO_FAULT": "checkpoint:10"})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    path, state = Checkpointer(run_dir / "checkpoints", keep=3).latest_good()
+    assert path.name == "last.pt" and state["position"]["step"] == 8
+    resumed = run_cli("repro.train", *KEEP, f"hydra.run.dir={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert read_summary(run_dir)["resumed_from_step"] == 8
+
+
+def test_the_weights_hash_reads_every_tensor_the_same_through_one_flat_copy():
+    from repro.engine.metrics import host_bytes
+
+    tensors = [torch.randn(3, 4), torch.tensor(7), torch.ones(2, 2, dtype=torch.bfloat16).t(),
+               torch.tensor([True, False])]  # fmt: skip
+    one_by_one, gathered = host_bytes(tensors, gather=False), host_bytes(tensors, gather=True)
+    assert [t.tolist() for t in one_by_one] == [t.tolist() for t in gathered]
+    assert [len(t) for t in gathered] == [48, 8, 8, 2]

@@ -4,6 +4,9 @@ A checkpoint is a dict of tensors and plain Python values only, so `torch.load` 
 `weights_only=True` reads it and a file holding arbitrary pickled objects is refused.
 Files are written to a temporary name, fsynced and renamed, so a crash at any moment
 leaves the previous checkpoint intact. `last.pt` always names the newest good one.
+
+Saving copies the state to host memory (the training step goes on at once) and writes it on
+a background thread, one write at a time; `Checkpointer.wait` returns when it is on disk.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import pickle
 import random
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +85,37 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def to_host(state: Any) -> tuple[Any, torch.cuda.Event | None]:
+    """A copy of `state` whose tensors live in host memory and no longer change with
+    training, and the event after which the copies from a GPU are complete (None if none).
+
+    GPU tensors are copied into pinned memory without waiting: the copies are queued on the
+    current stream before any later step, so they read this step's values.
+    """
+    from_gpu = False
+
+    def copy(value: Any) -> Any:
+        nonlocal from_gpu
+        if isinstance(value, torch.Tensor):
+            if value.is_cuda:
+                from_gpu = True
+                host = torch.empty_like(value, device="cpu", pin_memory=True)
+                return host.copy_(value.detach(), non_blocking=True)
+            return value.detach().clone()
+        if isinstance(value, dict):
+            return {key: copy(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(copy(item) for item in value)
+        return value
+
+    host = copy(state)
+    if not from_gpu:
+        return host, None
+    copied = torch.cuda.Event()
+    copied.record()
+    return host, copied
+
+
 def atomic_save(obj: Any, path: Path, step: int = -1) -> None:
     """torch.save through a temporary file, fsync and rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -123,10 +158,16 @@ def load(path: Path) -> dict[str, Any]:
 
 
 class Checkpointer:
-    """Writes step-NNNNNNNN.pt files, keeps the newest `keep`, points last.pt at the newest."""
+    """Writes step-NNNNNNNN.pt files, keeps the newest `keep`, points last.pt at the newest.
+
+    Writes happen on a background thread, one at a time: `save` returns once the state is
+    copied to host memory, and the next `save`, or `wait`, first waits for the write before.
+    """
 
     def __init__(self, folder: Path, keep: int) -> None:
         self.folder, self.keep = folder, keep
+        self._writer: threading.Thread | None = None
+        self._failure: BaseException | None = None
         # Half-written files of a killed run: never renamed, so never used; tidy them away.
         for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
             stale.unlink(missing_ok=True)
@@ -139,13 +180,39 @@ class Checkpointer:
         return sorted(found, key=lambda p: int(STEP_FILE.match(p.name).group(1)), reverse=True)
 
     def save(self, state: dict[str, Any], step: int) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        """Start writing `state` as the checkpoint of `step`; returns the file it will be."""
+        self.wait()
+        host, copied = to_host({"format": FORMAT, "version": VERSION, **state})
         path = self.folder / f"step-{step:08d}.pt"
-        atomic_save({"format": FORMAT, "version": VERSION, **state}, path, step)
-        self._point_last_at(path)
-        for old in self.step_files()[self.keep :]:
-            old.unlink(missing_ok=True)
+        # Not a daemon: if the main thread ends first, the interpreter still finishes the write.
+        self._writer = threading.Thread(
+            target=self._write, args=(host, copied, path, step), name="checkpoint-writer"
+        )
+        self._writer.start()
         return path
+
+    def wait(self) -> None:
+        """Return when the last checkpoint started is on disk; raise what its write raised."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def _write(
+        self, state: dict[str, Any], copied: torch.cuda.Event | None, path: Path, step: int
+    ) -> None:
+        try:
+            if copied is not None:
+                copied.synchronize()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_save(state, path, step)
+            self._point_last_at(path)
+            for old in self.step_files()[self.keep :]:
+                old.unlink(missing_ok=True)
+        except BaseException as error:  # handed to the training thread by `wait`
+            self._failure = error
 
     def _point_last_at(self, path: Path) -> None:
         # A hard link costs no space; renaming it over last.pt is atomic.

@@ -122,6 +122,7 @@ class Trainer:
         finally:
             close(self.train_loader)
             close(self.val_loader)
+            self.checkpointer.wait()  # the run ends with its last checkpoint on disk
 
     def _fit(self) -> dict[str, float]:
         cfg = self._options
@@ -145,7 +146,7 @@ class Trainer:
                     pos.step += 1
                     if not progress.disable:
                         progress.advance(task)
-                    faults.point("step", pos.step)
+                    faults.point("step", pos.step, settle=self.checkpointer.wait)
                     if pos.step % fingerprint_every == 0:
                         self._flush_losses(losses)  # with a weights hash at this step
                     if pos.batch == batches_per_epoch:

@@ -22,11 +22,23 @@ def weights_sha256(model: nn.Module) -> str:
     """
     digest = hashlib.sha256()
     state = model.state_dict()
-    for name in sorted(state):
-        tensor = state[name].detach().cpu().contiguous()
+    names = sorted(state)
+    tensors = [state[name].detach() for name in names]
+    on_device = any(tensor.device.type != "cpu" for tensor in tensors)
+    for name, tensor, raw in zip(names, tensors, host_bytes(tensors, on_device), strict=True):
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(raw.numpy().tobytes())
     return digest.hexdigest()
+
+
+def host_bytes(tensors: list[torch.Tensor], gather: bool) -> list[torch.Tensor]:
+    """Each tensor's bytes in its logical layout, on the host. With `gather`, through one copy
+    of all of them (one transfer and one wait for a GPU model, not one per tensor)."""
+    raw = [tensor.contiguous().reshape(-1).view(torch.uint8) for tensor in tensors]
+    if not gather or not raw:
+        return [part.cpu() for part in raw]
+    flat = torch.cat([part.to(raw[0].device) for part in raw]).cpu()
+    return list(flat.split([len(part) for part in raw]))
 
 
 @torch.no_grad()
@@ -41,16 +53,19 @@ def evaluate(
     """Mean cross-entropy and accuracy over a loader (its shards summed over torchrun ranks)."""
     was_training = model.training
     model.eval()
-    # Sums stay on the device until the end: a read per batch would wait for the GPU each time.
-    loss_sum = correct = torch.zeros((), dtype=torch.float64)
+    # Sums stay on the device until the end (a read per batch would wait for the GPU each
+    # time), and start there: a host scalar copied in would wait too.
+    device = next(model.parameters()).device
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     for images, labels in loader:
         images, labels = to_device(images, labels)
         with autocast():
             logits = model(prepare(images))
         loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        loss_sum = loss_sum.to(loss.device) + loss.double()
-        correct = correct.to(labels.device) + (logits.argmax(1) == labels).sum().double()
+        loss_sum += loss.double()
+        correct += (logits.argmax(1) == labels).sum().double()
         count += len(labels)
     model.train(was_training)
     totals = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(float(count)).double()])
