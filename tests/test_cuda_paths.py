@@ -10,12 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from repro import build
 from repro.engine import checkpoint
 from repro.errors import CheckpointError, ConfigError
 from repro.runtime import compilation, determinism, distributed, seeding
 from repro.runtime.precision import Precision
 
-from conftest import read_summary, tiny, train_in_process
+from conftest import compose_config, read_summary, tiny, train_in_process
 
 
 @pytest.fixture
@@ -123,8 +124,6 @@ def workspace(monkeypatch):
 
 
 def cudnn(option: str):
-    from conftest import compose_config
-
     return compose_config(f"cudnn={option}").cudnn
 
 
@@ -220,3 +219,18 @@ def test_the_summary_says_whether_bf16_was_emulated(tmp_path):
     train_in_process(tmp_path / "run", *tiny("trainer.max_steps=1", "amp=bf16"))
     summary = read_summary(tmp_path / "run")
     assert summary["amp"] == "bf16" and summary["amp_emulated"] is False  # CPU bf16 is native
+
+
+# ---- fp16 without a host wait per step ----------------------------------------------------
+
+
+def test_fp16_on_a_gpu_picks_the_fused_optimizer_unless_told_otherwise(fake_cuda):
+    fp16 = Precision("fp16", torch.device("cuda", 0))
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    for option in ("sgd", "adamw"):
+        chosen = build.optimizer(compose_config(f"optimizer={option}"), params, fp16)
+        assert chosen.defaults["fused"] is True and not chosen.defaults["foreach"]
+    kept = build.optimizer(compose_config("+optimizer.fused=false"), params, fp16)
+    assert not kept.defaults["fused"] and kept.defaults["foreach"]
+    on_cpu = build.optimizer(compose_config(), params, Precision("off", torch.device("cpu")))
+    assert not on_cpu.defaults.get("fused"), "nothing changes without fp16 on a GPU"

@@ -42,7 +42,7 @@ def assert_same(left, right, prepare=None):
 
 
 def model_input(cfg):
-    return build.device_batches(cfg.data, torch.device("cpu"))
+    return build.device_batches(cfg, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("padding", [0, 2, 5])

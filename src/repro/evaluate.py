@@ -63,7 +63,7 @@ def evaluate_checkpoint(
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device))
     result = evaluate(
-        model, loader, build.device_batches(cfg.data, device), memory_format.batch,
+        model, loader, build.device_batches(cfg, device), memory_format.batch,
         precision.autocast,
     )  # fmt: skip
     return {

@@ -84,7 +84,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if cfg.trainer.compile:
         # The DDP wrapper, not the model inside: gradient all-reduces overlap the backward pass.
         compilation.compile_in_place(forward_model)
-    optimizer = instantiate(cfg.optimizer, params=model.parameters())
+    optimizer = build.optimizer(cfg, model.parameters(), precision)
     total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
     if cfg.trainer.max_steps is not None:
         total_steps = min(total_steps, cfg.trainer.max_steps)
@@ -95,7 +95,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
     trainer = Trainer(
         model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
-        memory_format=memory_format, to_device=build.device_batches(cfg.data, device),
+        memory_format=memory_format, to_device=build.device_batches(cfg, device),
         train_loader=train_loader, sampler=sampler, val_loader=val_loader,
         checkpointer=checkpointer,
         metrics=MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main),

@@ -76,12 +76,12 @@ def trainer(
     model = memory_format.model(build.model(cfg, seed).to(device))
     if cfg.trainer.compile:
         compilation.compile_in_place(model)
-    optimizer = instantiate(cfg.optimizer, params=model.parameters())
+    optimizer = build.optimizer(cfg, model.parameters(), precision)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
     folder.mkdir(parents=True, exist_ok=True)
     return cls(
         model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
-        memory_format=memory_format, to_device=build.device_batches(cfg.data, device),
+        memory_format=memory_format, to_device=build.device_batches(cfg, device),
         train_loader=train_loader, sampler=sampler, val_loader=val_loader,
         checkpointer=Checkpointer(folder / "checkpoints", 1),
         metrics=MetricsLog(folder, False), fingerprints=folder / "fingerprints.csv",

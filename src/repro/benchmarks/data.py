@@ -136,7 +136,7 @@ def measure(cfg: DictConfig, data: Any, loader: Any, suite: Any) -> dict[str, An
     seed = int(cfg.seed.value)
     pin = use_pinned_memory(cfg.dataloader.pin_memory, device) and loader != "device"
     train, sampler, val = build.loaders(cfg, data, pin, seed, device=device)
-    to_device = build.device_batches(cfg.data, device)
+    to_device = build.device_batches(cfg, device)
     on = device if loader == "device" else torch.device("cpu")
     images, labels = data.train.images.to(on), data.train.labels.to(on)
     bare = BareBatches(images, labels, cfg.data.image_size, cfg.data.crop_padding)
