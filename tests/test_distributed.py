@@ -61,7 +61,8 @@ def test_two_processes_one_folder_one_summary_rank0_writes(straight):
     assert evaluated.returncode == 0, evaluated.stderr
     result = json.loads(out.read_text())
     assert result["acc"] == summary["val_acc"]
-    assert result["loss"] == pytest.approx(summary["val_loss"], rel=1e-9, abs=0)
+    # Each rank's own statistics moved the loss by ~1e-5 (relative); batching, by ~1e-8 at most.
+    assert result["loss"] == pytest.approx(summary["val_loss"], rel=1e-7, abs=0)
 
 
 def test_rerun_gives_the_same_weights(straight, tmp_path):

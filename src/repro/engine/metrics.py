@@ -63,8 +63,10 @@ def evaluate(
         images, labels = to_device(images, labels)
         with autocast():
             logits = model(prepare(images))
-        loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        loss_sum += loss.double()
+        # Per-image losses summed in float64: the total does not depend on how the images
+        # were batched (or sharded over ranks) beyond the logits' own last bits.
+        losses = nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+        loss_sum += losses.double().sum()
         correct += (logits.argmax(1) == labels).sum().double()
         count += len(labels)
     model.train(was_training)
