@@ -154,25 +154,25 @@ def test_an_override_that_breaks_preset_exact_is_refused_naming_it():
             config.validate(compose_config("preset=exact", override))
 
 
-def test_batches_are_normalised_straight_into_the_models_memory_format():
+def test_worker_batches_are_normalised_straight_into_the_models_memory_format():
     from repro import build
     from repro.data.loader import close
     from repro.runtime.memory_format import MemoryFormat
 
-    for workers in (0, 2):  # the training thread normalises, or the workers do
-        cfg = compose_config(*tiny(f"dataloader.num_workers={workers}"))
-        data = build.splits(cfg, 0)
-        loader, sampler, val = build.loaders(cfg, data, False, 0, device=CPU)
-        sampler.set_epoch(0)
-        images, labels = build.device_batches(cfg, CPU)(*next(iter(loader)))
-        close(loader), close(val)
-        assert images.dtype == torch.float32
-        assert images.is_contiguous(memory_format=torch.channels_last)
-        assert MemoryFormat("channels_last").batch(images) is images, "no second copy"
+    cfg = compose_config(*tiny("dataloader.num_workers=2"))
+    data = build.splits(cfg, 0)
+    loader, sampler, val = build.loaders(cfg, data, False, 0, device=CPU)
+    sampler.set_epoch(0)
+    images, labels = build.device_batches(cfg, CPU)(*next(iter(loader)))
+    close(loader), close(val)
+    assert images.dtype == torch.float32
+    assert images.is_contiguous(memory_format=torch.channels_last), "kept through the slots"
+    assert MemoryFormat("channels_last").batch(images) is images, "no copy in the training thread"
     raw = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    contiguous = build.device_batches(compose_config("memory_format=contiguous"), CPU)
-    channels_last = build.device_batches(compose_config("memory_format=channels_last"), CPU)
-    assert torch.equal(contiguous(raw, labels)[0], channels_last(raw, labels)[0]), "same values"
+    plain = build.device_batches(compose_config("memory_format=contiguous"), CPU)(raw, labels)[0]
+    direct = build.device_batches(cfg, CPU, in_workers=True)(raw, labels)[0]
+    assert direct.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(plain, direct), "the same values in either layout"
 
 
 # ---- dataloader ---------------------------------------------------------------------------
