@@ -16,8 +16,9 @@ from repro.errors import ConfigError
 from repro.launch import expand_seed_shorthand
 from repro.models.small_cnn import SmallCNN
 from repro.runtime import determinism, seeding
+from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-from repro.runtime.transfer import use_pinned_memory
+from repro.runtime.transfer import DeviceBatches, use_pinned_memory
 
 from conftest import compose_config, read_summary, tiny, train_in_process
 
@@ -154,25 +155,21 @@ def test_an_override_that_breaks_preset_exact_is_refused_naming_it():
             config.validate(compose_config("preset=exact", override))
 
 
-def test_worker_batches_are_normalised_straight_into_the_models_memory_format():
+def test_gpu_batches_are_normalised_straight_into_the_models_memory_format(monkeypatch):
     from repro import build
-    from repro.data.loader import close
-    from repro.runtime.memory_format import MemoryFormat
 
-    cfg = compose_config(*tiny("dataloader.num_workers=2"))
-    data = build.splits(cfg, 0)
-    loader, sampler, val = build.loaders(cfg, data, False, 0, device=CPU)
-    sampler.set_epoch(0)
-    images, labels = build.device_batches(cfg, CPU)(*next(iter(loader)))
-    close(loader), close(val)
-    assert images.dtype == torch.float32
-    assert images.is_contiguous(memory_format=torch.channels_last), "kept through the slots"
-    assert MemoryFormat("channels_last").batch(images) is images, "no copy in the training thread"
     raw = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    plain = build.device_batches(compose_config("memory_format=contiguous"), CPU)(raw, labels)[0]
-    direct = build.device_batches(cfg, CPU, in_workers=True)(raw, labels)[0]
+    labels = torch.zeros(8, dtype=torch.int64)
+    plain = DeviceBatches(CPU, [0.5] * 3, [0.25] * 3)(raw, labels)[0]
+    direct = DeviceBatches(CPU, [0.5] * 3, [0.25] * 3, torch.channels_last)(raw, labels)[0]
     assert direct.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(plain, direct), "the same values in either layout"
+    assert MemoryFormat("channels_last").batch(direct) is direct, "nothing left to convert"
+    made = []
+    monkeypatch.setattr(build, "DeviceBatches", lambda *args: made.append(args[-1]))
+    cfg = compose_config("memory_format=channels_last")
+    build.device_batches(cfg, torch.device("cuda", 0)), build.device_batches(cfg, CPU)
+    assert made == [torch.channels_last, torch.contiguous_format]
 
 
 # ---- dataloader ---------------------------------------------------------------------------

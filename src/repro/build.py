@@ -99,8 +99,7 @@ def loaders(
             cfg, data, train_transform, eval_transform, batch, root_seed, on, rank, world
         )  # type: ignore[return-value]
     prepare = device_batches(cfg, device or torch.device("cpu"))
-    on_cpu = prepare.device.type == "cpu"  # a GPU normalises faster than the workers
-    in_workers = device_batches(cfg, prepare.device, in_workers=True) if on_cpu else None
+    in_workers = prepare if prepare.device.type == "cpu" else None  # a GPU normalises faster
     train, sampler = train_loader(
         data, train_transform, batch, dl, pin_memory, root_seed, rank, world, in_workers
     )
@@ -129,11 +128,9 @@ def data_parallel(
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-def device_batches(cfg: Any, device: torch.device, in_workers: bool = False) -> DeviceBatches:
-    """Copy and normalise batches on `device`. On a GPU and in loader workers, straight into
-    the model's memory format: one pass, and the training thread has nothing left to convert.
-    In a CPU's training thread, normalising in NCHW and converting afterwards is faster
-    (measured: strided float writes cost more there than a second pass)."""
-    direct = device.type == "cuda" or in_workers
-    layout = FORMATS[cfg.memory_format.name] if direct else torch.contiguous_format
+def device_batches(cfg: Any, device: torch.device) -> DeviceBatches:
+    """Copy and normalise batches on `device`. On a GPU, straight into the model's memory
+    format: one pass, and the training thread has nothing left to convert. On a CPU, in NCHW
+    (strided float writes measured slower there than normalising, then converting)."""
+    layout = FORMATS[cfg.memory_format.name] if device.type == "cuda" else torch.contiguous_format
     return DeviceBatches(device, list(cfg.data.mean), list(cfg.data.std), layout)

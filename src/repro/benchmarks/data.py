@@ -142,7 +142,7 @@ def measure(cfg: DictConfig, data: Any, loader: Any, suite: Any) -> dict[str, An
     bare = BareBatches(images, labels, cfg.data.image_size, cfg.data.crop_padding)
     workers = None if loader == "device" else int(loader)
     if device.type == "cpu" and workers:
-        bare.normalise = to_device  # the template's workers normalise on a CPU run
+        bare.normalise = to_device  # on a CPU the template's workers normalise too
     bare_sampler = EpochBatches(len(data.train), sampler.batch_size, seed)
     template = common.endless(train, sampler)
     plain = bare_source(bare, bare_sampler, workers, pin)

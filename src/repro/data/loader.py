@@ -150,10 +150,8 @@ class SharedSlots:
     def __init__(self, workers: int, per_worker: int, sample: Batch) -> None:
         self.token, self.per_worker, self.produced = secrets.token_hex(8), per_worker, 0
         count = workers * per_worker
-        self.images, self.labels = (
-            _slots_like(sample.images, count),
-            _slots_like(sample.labels, count),
-        )
+        self.images = torch.zeros((count, *sample.images.shape), dtype=sample.images.dtype)
+        self.labels = torch.zeros((count, *sample.labels.shape), dtype=sample.labels.dtype)
         self.images.share_memory_(), self.labels.share_memory_()
         SharedSlots.live[self.token] = self
 
@@ -170,16 +168,6 @@ class SharedSlots:
         self.images[slot].copy_(batch.images)
         self.labels[slot].copy_(batch.labels)
         return SlotRef(self.token, slot)
-
-
-def _slots_like(sample: torch.Tensor, count: int) -> torch.Tensor:
-    """`count` zeroed tensors laid out as `sample`: a channels_last batch stays channels_last
-    through the slot, so the training thread gets it in the model's memory format."""
-    channels_last = sample.dim() == 4 and not sample.is_contiguous()
-    if channels_last and sample.is_contiguous(memory_format=torch.channels_last):
-        n, c, h, w = sample.shape
-        return torch.zeros((count, n, h, w, c), dtype=sample.dtype).permute(0, 1, 4, 2, 3)
-    return torch.zeros((count, *sample.shape), dtype=sample.dtype)
 
 
 class SlotRef(NamedTuple):
