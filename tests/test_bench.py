@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from repro import config
 from repro.errors import ConfigError
 
-from conftest import CONF, run_cli, tiny
+from conftest import CONF, compose_config, run_cli, tiny
 
 KEYS = {"suite", "command", "date", "machine", "summary", "rows", "notes", "config"}
 
@@ -108,6 +108,9 @@ def test_startup_suite_from_the_command_line(tmp_path):
         ("suite.grid.amp=[bf61]", "list items from: off, auto, bf16, fp16"),
         ("suite.grid.memory_format=channels_last", "a non-empty list"),
         ("suite.grid.compile=[]", "suite.grid.compile=[] is not allowed"),
+        ("suite.rows=[{loadr:0}]", "suite.rows='loadr' is not allowed: axes from"),
+        ("suite.rows=[{amp:fp61}]", "suite.rows.amp='fp61' is not allowed"),
+        ("suite.rows=[]", "null (the grid) or a list of rows"),
     ],
 )
 def test_bad_suite_settings_are_named_before_anything_runs(bench, tmp_path, override, message):
@@ -123,9 +126,39 @@ def test_a_bad_setting_on_the_command_line_exits_2_without_a_traceback(tmp_path)
     assert "error: suite.pairs=-1 is not allowed: an integer >= 1" in done.stderr
 
 
+def test_knobs_rows_measure_just_the_rows_listed(bench, tmp_path):
+    cfg = compose_bench(
+        "suite=knobs", "suite.warmup_steps=1", "suite.timed_steps=1",
+        "suite.rows=[{loader:0},{memory_format:channels_last,amp:bf16},{compile:true}]",
+    )  # fmt: skip
+    payload = bench(cfg, tmp_path)
+    measured = [row for row in payload["rows"] if row["status"] == "ok"]
+    assert [(r["memory_format"], r["amp"], r["loader"]) for r in measured] == [
+        ("contiguous", "off", 0),
+        ("channels_last", "bf16", 0),
+    ]  # unnamed axes are plain, the loader the grid's first
+    assert measured[0]["speedup"] == 1.0  # the plain row is the baseline
+    if not torch.cuda.is_available():
+        assert [r["compile"] for r in payload["rows"] if r["status"] != "ok"] == [True]
+
+
 # ---- suite=exactness ----------------------------------------------------------------------
 
 EXACTNESS = ("suite=exactness", "suite.steps=5", "suite.checkpoint_every_steps=2")
+
+
+def test_the_fp16_runs_drop_the_exact_preset_and_keep_its_other_settings(tmp_path):
+    """On CUDA the suite's runs are under preset=exact, which refuses amp=fp16: the fp16
+    check must leave the preset out (a GPU run found `preset=null` does not compose)."""
+    from repro.benchmarks.exactness import FP16_EXACT, Runner, merged
+
+    runner = Runner(tmp_path, ["preset=exact", "seed.value=3", "trainer.max_steps=5"], 60)
+    overrides = merged(runner.without(("preset",)).overrides, list(FP16_EXACT))
+    cfg = compose_config(*overrides)
+    config.validate(cfg)  # preset=exact's own check would refuse amp=fp16
+    assert cfg.preset is None and cfg.amp.mode == "fp16" and cfg.seed.value == 3
+    assert cfg.cudnn.deterministic and cfg.cudnn.deterministic_algorithms
+    assert not cfg.cudnn.benchmark and not cfg.trainer.compile
 
 
 def test_exactness_suite_passes_on_this_machine(tmp_path):

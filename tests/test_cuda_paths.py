@@ -166,14 +166,14 @@ def test_a_users_own_workspace_setting_is_kept(workspace, monkeypatch):
 def test_resume_refuses_a_machine_that_resolves_the_config_otherwise(tmp_path):
     """amp=auto and trainer.device=auto resolve per machine; the checkpoint records them."""
     run = tmp_path / "run"
-    train_in_process(run, *tiny("trainer.max_steps=3"))
+    train_in_process(run, *tiny("trainer.max_steps=3", "trainer.device=cpu"))
     last = run / "checkpoints" / "last.pt"
     state = checkpoint.load(last)
     assert state["resolved"] == {"device": "cpu", "amp": "off", "memory_format": "channels_last"}
     state["resolved"]["amp"] = "bf16"  # as a GPU machine with native bf16 resolves amp=auto
     checkpoint.atomic_save(state, last)
     with pytest.raises(CheckpointError, match=r"amp: 'bf16' -> 'off'"):
-        train_in_process(run, *tiny("trainer.max_steps=6"))
+        train_in_process(run, *tiny("trainer.max_steps=6", "trainer.device=cpu"))
     assert checkpoint.load(last)["position"]["step"] == 3, "the checkpoint is left as it was"
 
 

@@ -97,6 +97,7 @@ class TrainerConfig:
     num_threads: Optional[int] = None
     global_batch: bool = False  # torchrun: batch_size is the total over ranks, not per rank
     sync_batchnorm: bool = False
+    sync_debug: bool = False  # CUDA: warn at every host sync after the first step
 
 
 @dataclass

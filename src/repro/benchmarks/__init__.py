@@ -68,6 +68,7 @@ def validate(suite: Any) -> None:
     if suite.name == "knobs":
         for axis in (*GRID, "loader"):
             _validate_list(suite.grid, axis, axis, prefix="suite.grid")
+        _validate_rows(suite.get("rows"))
 
 
 _ALLOWED = {axis: ", ".join(str(v).lower() for v in values) for axis, values in GRID.items()}
@@ -93,6 +94,24 @@ def _validate_exactness(suite: Any) -> None:
     seed = suite.get("kill_seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ConfigError("suite.kill_seed", seed, "null (a fresh draw) or an integer >= 0")
+
+
+def _validate_rows(rows: Any) -> None:
+    """suite.rows: null, or a list of rows, each mapping some axes to allowed values."""
+    if rows is None:
+        return
+    example = "a list of rows like [{loader:2},{amp:bf16,compile:true}]"
+    if isinstance(rows, str | int | bool) or not rows:
+        raise ConfigError("suite.rows", rows, f"null (the grid) or {example}")
+    axes = (*GRID, "loader")
+    for row in rows:
+        if not hasattr(row, "items"):
+            raise ConfigError("suite.rows", row, example)
+        for axis, value in row.items():
+            if axis not in axes:
+                raise ConfigError("suite.rows", axis, f"axes from: {', '.join(axes)}")
+            if not _allowed(axis, value):
+                raise ConfigError(f"suite.rows.{axis}", value, f"one of: {_ALLOWED[axis]}")
 
 
 def _validate_list(node: Any, key: str, axis: str, prefix: str) -> None:

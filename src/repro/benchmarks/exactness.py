@@ -18,7 +18,10 @@ exits 1 when a check fails.
 
 from __future__ import annotations
 
+import csv
 import json
+import logging
+import math
 import os
 import random
 import secrets
@@ -37,6 +40,8 @@ from repro.benchmarks.common import Column, Result, train_overrides
 from repro.errors import UserError
 from repro.runtime.transfer import select_device
 
+log = logging.getLogger(__name__)
+
 COLUMNS = [
     Column("name", "check"),
     Column("passed", "passed"),
@@ -50,6 +55,9 @@ SUITE_KEYS = (
     "seed", "trainer.max_steps", "trainer.checkpoint_every_steps", "trainer.resume",
     "trainer.halt_at_step", "logger.progress", "logger.plot", "hydra",
 )  # fmt: skip
+
+# The fp16 runs: preset=exact's settings but amp, which the preset pins to off.
+FP16_EXACT = ("cudnn=deterministic", "amp=fp16", "trainer.compile=false")
 
 
 @dataclass
@@ -89,6 +97,12 @@ class Runner:
 
     def __init__(self, folder: Path, overrides: list[str], timeout_s: float) -> None:
         self.folder, self.overrides, self.timeout_s = folder, overrides, timeout_s
+
+    def without(self, keys: tuple[str, ...]) -> Runner:
+        """The same runner with the shared overrides of `keys` left out (Hydra has no
+        override that unsets a config group chosen earlier on the command line)."""
+        kept = [o for o in self.overrides if not sets(o, keys)]
+        return Runner(self.folder, kept, self.timeout_s)
 
     def train(
         self, name: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
@@ -209,13 +223,14 @@ def check_fp16_kill_resume(plan: Plan) -> Check:
         return Check("fp16_kill_resume", None, "skipped: amp=fp16 needs CUDA")
     if plan.kill_step is None:
         return Check("fp16_kill_resume", False, plan.skip_reason)
-    # preset=exact means amp off: this run spells out the preset's other settings instead.
-    fp16 = ("preset=null", "cudnn=deterministic", "amp=fp16", "trainer.compile=false")
+    # preset=exact means amp off: these runs spell out the preset's other settings instead.
+    runner = plan.runner.without(("preset",))
+    fp16 = FP16_EXACT
     started = time.perf_counter()
-    straight = plan.runner.train("fp16", fp16)
+    straight = runner.train("fp16", fp16)
     if straight.summary is None:
         return Check("fp16_kill_resume", False, straight.describe(), time.perf_counter() - started)
-    return kill_and_resume(plan.runner, "fp16_kill_resume", straight, fp16, plan.kill_step)
+    return kill_and_resume(runner, "fp16_kill_resume", straight, fp16, plan.kill_step)
 
 
 def check_torchrun(plan: Plan) -> Check:
@@ -227,11 +242,16 @@ def check_torchrun(plan: Plan) -> Check:
 
 
 def check_cost(plan: Plan) -> Check:
-    """Not pass or fail: what the exact settings cost against preset=fast, same model."""
+    """Not pass or fail: what the exact settings cost against preset=fast, same model. Both
+    runs evaluate halfway too, and the speed is that of their second half: compilation and
+    cuDNN autotuning happen in the first, and would hide what a long run sees."""
     started = time.perf_counter()
-    fast = plan.runner.train("fast", ("preset=fast",))
-    exact_speed = plan.reference.summary["images_per_s"]
-    fast_speed = fast.summary["images_per_s"] if fast.summary else float("nan")
+    halfway = (f"trainer.eval_every_steps={max(1, plan.reference.summary['total_steps'] // 2)}",)
+    speeds = []
+    for name, extra in (("cost-exact", ()), ("fast", ("preset=fast",))):
+        run = plan.runner.train(name, (*extra, *halfway))
+        speeds.append(second_half_speed(plan.runner.folder / name) if run.summary else math.nan)
+    exact_speed, fast_speed = speeds
     detail = (
         f"{exact_speed:.0f} img/s under these settings, {fast_speed:.0f} img/s with "
         f"preset=fast: {exact_speed / fast_speed:.2f}x"
@@ -243,6 +263,13 @@ def check_cost(plan: Plan) -> Check:
         "exact_over_fast": exact_speed / fast_speed,
     }
     return check
+
+
+def second_half_speed(run_dir: Path) -> float:
+    """Images per second between a run's last two evaluations (its metrics.csv)."""
+    with (run_dir / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    return float(rows[-1]["images_per_s"])
 
 
 CHECKS = {
@@ -270,6 +297,7 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     runner = Runner(run_dir / "runs", base, float(suite.timeout_s))
 
     reference = runner.train("reference")
+    log.info("reference run: %s", reference.describe())
     if reference.summary is None:
         raise UserError(f"suite=exactness: the reference training run failed: {reference.error}")
     total = int(reference.summary["total_steps"])
@@ -280,7 +308,11 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
             f"{total} steps leave no step to kill after the first checkpoint (step "
             f"{min(every, total)}): raise suite.steps or lower suite.checkpoint_every_steps"
         )
-    checks = [CHECKS[name](plan) for name in suite.checks]
+    checks = []
+    for name in suite.checks:  # a few minutes in all: say how each went as it ends
+        checks.append(CHECKS[name](plan))
+        verdict = {True: "passed", False: "FAILED", None: "-"}[checks[-1].passed]
+        log.info("%s %s (%.0f s): %s", name, verdict, checks[-1].seconds, checks[-1].detail)
 
     ran = [check for check in checks if check.passed is not None]
     summary: dict[str, Any] = {
@@ -296,8 +328,8 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     notes = [f"runs: {runner.folder}; each a fresh `python -m repro.train` process"]
     if "cost" in suite.checks:
         notes.append(
-            "cost: images per second over the whole short run (first steps and cuDNN "
-            "autotuning included), so a long run gains more from preset=fast than this shows"
+            "cost: images per second over each run's second half (after compilation and "
+            "cuDNN autotuning), from two extra runs that also evaluate halfway"
         )
     rows = [{k: v for k, v in vars(check).items() if k != "figures"} for check in checks]
     return Result("exactness", COLUMNS, rows, summary, notes)

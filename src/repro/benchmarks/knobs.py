@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from repro import build
 from repro.benchmarks import common
 from repro.benchmarks.common import Column, Result
+from repro.errors import UserError
 from repro.runtime.transfer import select_device
 
 AXES = ("memory_format", "amp", "loader", "pin_memory", "cudnn_benchmark", "compile")
@@ -111,18 +112,34 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
     }  # fmt: skip
 
 
-def run(cfg: DictConfig, run_dir: Path) -> Result:
-    suite = cfg.suite
-    device = select_device(cfg.trainer.device)
-    data = build.splits(cfg, int(cfg.seed.value))  # made once, shared by every row
+def planned_rows(suite: Any, device: torch.device) -> tuple[list[dict[str, Any]], list[dict]]:
+    """The rows to measure (the grid's product, or `suite.rows` as listed) and the n/a rows."""
     grid = {axis: list(suite.grid[axis]) for axis in AXES}
-    na_rows, notes = [], []
+    na_rows = []
+    if suite.get("rows"):
+        rows, kept = [{**PLAIN, "loader": grid["loader"][0], **row} for row in suite.rows], []
+        for row in rows:
+            reasons = [unavailable(axis, row[axis], device) for axis in AXES]
+            reason = next((r for r in reasons if r), None)
+            (na_rows if reason else kept).append({**row, "status": reason} if reason else row)
+        return kept, na_rows
     for axis in AXES:
         for value in list(grid[axis]):
             reason = unavailable(axis, value, device)
             if reason and len(grid[axis]) > 1:
                 grid[axis].remove(value)
                 na_rows.append({**{a: "" for a in AXES}, axis: value, "status": reason})
+    rows = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*grid.values())]
+    # Nothing to pin with dataloader=device: the data already lives on the device.
+    return [r for r in rows if not (r["loader"] == "device" and r["pin_memory"])], na_rows
+
+
+def run(cfg: DictConfig, run_dir: Path) -> Result:
+    suite = cfg.suite
+    device = select_device(cfg.trainer.device)
+    data = build.splits(cfg, int(cfg.seed.value))  # made once, shared by every row
+    planned, na_rows = planned_rows(suite, device)
+    notes = []
     if na_rows:
         notes.append(
             "n/a rows: pinned memory speeds up copies to a GPU only, cuDNN benchmarking and "
@@ -131,20 +148,18 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
         )
     rows = []
     with tempfile.TemporaryDirectory(prefix="rows-", dir=run_dir) as scratch:
-        for values in itertools.product(*(grid[axis] for axis in AXES)):
-            row: dict[str, Any] = dict(zip(AXES, values, strict=True))
-            if row["loader"] == "device" and row["pin_memory"]:
-                continue  # nothing to pin: the data already lives on the device
+        for row in planned:
             folder = Path(scratch) / str(len(rows))
             row |= measure(
                 row_config(cfg, row), data, folder, suite.warmup_steps, suite.timed_steps
             )
             rows.append(row)
-    plain = next(
-        (r for r in rows if all(r[k] == v for k, v in PLAIN.items())
-         and r["loader"] == grid["loader"][0]),
-        rows[0],
-    )  # fmt: skip
+    if not rows:
+        raise UserError("suite=knobs: every row needs what this machine lacks (see n/a rows)")
+    first_loader = suite.grid.loader[0]
+    plain_rows = [r for r in rows if all(r[k] == v for k, v in PLAIN.items())]
+    plain = next((r for r in plain_rows if r["loader"] == first_loader), None)
+    plain = plain or (plain_rows or rows)[0]
     if any(plain[k] != v for k, v in PLAIN.items()):
         notes.append("the grid has no plain row; speed-ups are over the first row")
     for row in rows:

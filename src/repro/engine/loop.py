@@ -120,6 +120,8 @@ class Trainer:
         try:
             return self._fit()
         finally:
+            if self._options.sync_debug and torch.cuda.is_available():
+                torch.cuda.set_sync_debug_mode(0)
             close(self.train_loader)
             close(self.val_loader)
             self.checkpointer.wait()  # the run ends with its last checkpoint on disk
@@ -147,6 +149,9 @@ class Trainer:
                     if not progress.disable:
                         progress.advance(task)
                     faults.point("step", pos.step, settle=self.checkpointer.wait)
+                    if cfg.sync_debug and self.device.type == "cuda":
+                        # From the second step: the first one compiles, autotunes and warms up.
+                        torch.cuda.set_sync_debug_mode("warn")
                     if pos.step % fingerprint_every == 0:
                         self._flush_losses(losses)  # with a weights hash at this step
                     if pos.batch == batches_per_epoch:

@@ -70,7 +70,8 @@ def evaluate(
         correct += (logits.argmax(1) == labels).sum().double()
         count += len(labels)
     model.train(was_training)
-    totals = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(float(count)).double()])
+    images = torch.full((), float(count), dtype=torch.float64, device=device)
+    totals = torch.stack([loss_sum, correct, images]).cpu()  # one copy: one wait for a GPU
     if dist is not None:
         totals = distributed.sum_tensor(totals, dist)
     loss_total, correct_total, images = totals.tolist()
