@@ -52,6 +52,8 @@ def torch_generator(root: int, name: str, *keys: int, rank: int = 0) -> torch.Ge
 # ---- counter-based draws: a sample's random numbers as a pure function of its key ----------
 
 MASK32 = 0xFFFFFFFF
+DRAW_BLOCK = 4  # a batch's draws are hashed four at a time (the built-in steps make three)
+_DRAW_KEYS: dict[tuple[torch.device, int], torch.Tensor] = {}
 Counter = int | torch.Tensor  # one sample (a Python int) or a batch (an int64 tensor)
 
 
@@ -88,7 +90,28 @@ class SampleKeys:
         return _mix32(_mix32(hashed ^ _counter(self.epoch)) ^ _counter(self.index))
 
     def _bits(self, draw: int) -> Any:
-        return _mix32(self._sample_hash ^ _mix32(draw))
+        if isinstance(self._sample_hash, int):  # one sample: Python ints
+            return _mix32(self._sample_hash ^ _mix32(draw))
+        block, column = divmod(draw, DRAW_BLOCK)
+        if block not in self._blocks:
+            # A block of draws for the whole batch in one pass: a GPU launches each of the
+            # hash's kernels once per block instead of once per draw.
+            self._blocks[block] = _mix32(self._sample_hash[:, None] ^ self._draw_keys(block))
+        return self._blocks[block][:, column]
+
+    @cached_property
+    def _blocks(self) -> dict[int, Any]:
+        return {}
+
+    def _draw_keys(self, block: int) -> Any:
+        """The draws' own hashes for `block`, as an array like the batch's (built once)."""
+        values = [_mix32(d) for d in range(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK)]
+        if isinstance(self._sample_hash, np.ndarray):
+            return np.array(values, dtype=np.uint64)
+        device = self._sample_hash.device
+        if (device, block) not in _DRAW_KEYS:
+            _DRAW_KEYS[device, block] = torch.tensor(values).to(device)
+        return _DRAW_KEYS[device, block]
 
     def bits(self, draw: int) -> Counter:
         """32 random bits, in [0, 2**32)."""
