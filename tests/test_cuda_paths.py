@@ -234,3 +234,19 @@ def test_fp16_on_a_gpu_picks_the_fused_optimizer_unless_told_otherwise(fake_cuda
     assert not kept.defaults["fused"] and kept.defaults["foreach"]
     on_cpu = build.optimizer(compose_config(), params, Precision("off", torch.device("cpu")))
     assert not on_cpu.defaults.get("fused"), "nothing changes without fp16 on a GPU"
+
+
+# ---- the CUDA sanitizer and loader workers (found on an H100) ------------------------------
+
+
+def test_the_cuda_sanitizer_with_loader_workers_is_refused_in_one_line(monkeypatch):
+    """Under TORCH_CUDA_SANITIZER every tensor op asks for the current CUDA stream, and a
+    forked worker cannot initialise CUDA: say so before any worker starts."""
+    cfg = compose_config(*tiny("dataloader.num_workers=2"))
+    data = build.splits(cfg, 0)
+    monkeypatch.setenv("TORCH_CUDA_SANITIZER", "1")
+    with pytest.raises(ConfigError, match=r"dataloader.num_workers=2 .*TORCH_CUDA_SANITIZER"):
+        build.loaders(cfg, data, False, 0, device=torch.device("cuda"))
+    cfg.dataloader.num_workers = 0  # the main process alone: the sanitizer's way
+    monkeypatch.delenv("TORCH_CUDA_SANITIZER")
+    build.loaders(cfg, data, False, 0, device=torch.device("cpu"))  # and without it, as ever

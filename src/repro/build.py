@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import Any
 
 import torch
@@ -98,6 +99,17 @@ def loaders(
         return device_loader.loaders(
             cfg, data, train_transform, eval_transform, batch, root_seed, on, rank, world
         )  # type: ignore[return-value]
+    if (
+        dl.num_workers
+        and os.environ.get("TORCH_CUDA_SANITIZER")
+        and device
+        and device.type == "cuda"
+    ):
+        allowed = (
+            "0 under TORCH_CUDA_SANITIZER (its checks run in every process, and a forked "
+            "worker cannot use CUDA); or dataloader=device"
+        )
+        raise ConfigError("dataloader.num_workers", dl.num_workers, allowed)
     prepare = device_batches(cfg, device or torch.device("cpu"))
     in_workers = prepare if prepare.device.type == "cpu" else None  # a GPU normalises faster
     train, sampler = train_loader(
