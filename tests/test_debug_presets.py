@@ -92,7 +92,8 @@ def test_experiments_compose():
 
 def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer():
     cfg = compose_config("experiment=cifar10_speedrun")
-    assert (cfg.dataloader.on_device, cfg.amp.mode, cfg.trainer.compile) == (True, "bf16", True)
+    # compile off: on an H100 it made this recipe slower (docs/benchmarks.md)
+    assert (cfg.dataloader.on_device, cfg.amp.mode, cfg.trainer.compile) == (True, "bf16", False)
     model = build.model(cfg, 0)
     assert type(model).__name__ == "ResNet9"
     optimizer = instantiate(cfg.optimizer, params=model.parameters())
