@@ -250,3 +250,32 @@ def test_the_cuda_sanitizer_with_loader_workers_is_refused_in_one_line(monkeypat
     cfg.dataloader.num_workers = 0  # the main process alone: the sanitizer's way
     monkeypatch.delenv("TORCH_CUDA_SANITIZER")
     build.loaders(cfg, data, False, 0, device=torch.device("cpu"))  # and without it, as ever
+
+
+# ---- trainer.sync_debug --------------------------------------------------------------------
+
+
+def test_sync_debug_warns_from_the_second_step_and_is_off_after_the_run(tmp_path, monkeypatch):
+    """A GPU run with trainer.sync_debug=true (the device faked: only the mode calls matter)."""
+    from repro.engine.loop import Trainer
+
+    steps, modes = [], []
+    train_step = Trainer._train_step
+
+    def counted(self, *batch):
+        steps.append(None)
+        return train_step(self, *batch)
+
+    monkeypatch.setattr(Trainer, "_train_step", counted)
+    monkeypatch.setattr(Trainer, "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: modes.append((m, len(steps))))
+    train_in_process(
+        tmp_path / "off", *tiny("trainer.max_steps=3", "trainer.save_checkpoints=false")
+    )
+    assert modes == []  # off by default: not a call
+    steps.clear()
+    train_in_process(
+        tmp_path / "on",
+        *tiny("trainer.max_steps=3", "trainer.save_checkpoints=false", "trainer.sync_debug=true"),
+    )
+    assert modes == [("warn", 1), (0, 3)]  # on once, after the first step; off at the end

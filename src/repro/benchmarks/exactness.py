@@ -225,12 +225,11 @@ def check_fp16_kill_resume(plan: Plan) -> Check:
         return Check("fp16_kill_resume", False, plan.skip_reason)
     # preset=exact means amp off: these runs spell out the preset's other settings instead.
     runner = plan.runner.without(("preset",))
-    fp16 = FP16_EXACT
     started = time.perf_counter()
-    straight = runner.train("fp16", fp16)
+    straight = runner.train("fp16", FP16_EXACT)
     if straight.summary is None:
         return Check("fp16_kill_resume", False, straight.describe(), time.perf_counter() - started)
-    return kill_and_resume(runner, "fp16_kill_resume", straight, fp16, plan.kill_step)
+    return kill_and_resume(runner, "fp16_kill_resume", straight, FP16_EXACT, plan.kill_step)
 
 
 def check_torchrun(plan: Plan) -> Check:

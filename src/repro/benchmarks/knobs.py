@@ -117,11 +117,14 @@ def planned_rows(suite: Any, device: torch.device) -> tuple[list[dict[str, Any]]
     grid = {axis: list(suite.grid[axis]) for axis in AXES}
     na_rows = []
     if suite.get("rows"):
-        rows, kept = [{**PLAIN, "loader": grid["loader"][0], **row} for row in suite.rows], []
-        for row in rows:
-            reasons = [unavailable(axis, row[axis], device) for axis in AXES]
-            reason = next((r for r in reasons if r), None)
-            (na_rows if reason else kept).append({**row, "status": reason} if reason else row)
+        kept = []
+        for listed in suite.rows:
+            row = {**PLAIN, "loader": grid["loader"][0], **listed}
+            reason = next(filter(None, (unavailable(a, row[a], device) for a in AXES)), None)
+            if reason:
+                na_rows.append({**row, "status": reason})
+            else:
+                kept.append(row)
         return kept, na_rows
     for axis in AXES:
         for value in list(grid[axis]):
@@ -155,7 +158,8 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
             )
             rows.append(row)
     if not rows:
-        raise UserError("suite=knobs: every row needs what this machine lacks (see n/a rows)")
+        reasons = sorted({row["status"] for row in na_rows}) or ["no row left to measure"]
+        raise UserError(f"suite=knobs: no row can run on this machine ({'; '.join(reasons)})")
     first_loader = suite.grid.loader[0]
     plain_rows = [r for r in rows if all(r[k] == v for k, v in PLAIN.items())]
     plain = next((r for r in plain_rows if r["loader"] == first_loader), None)

@@ -120,7 +120,7 @@ class Trainer:
         try:
             return self._fit()
         finally:
-            if self._options.sync_debug and torch.cuda.is_available():
+            if self._options.sync_debug and self.device.type == "cuda":
                 torch.cuda.set_sync_debug_mode(0)
             close(self.train_loader)
             close(self.val_loader)
@@ -130,6 +130,7 @@ class Trainer:
         cfg = self._options
         fingerprint_every = int(self.logger_cfg.fingerprint_every_steps)
         batches_per_epoch = self.sampler.batches_per_epoch()
+        watch_syncs = cfg.sync_debug and self.device.type == "cuda"
         self.model.train()
         with StopRequest() as stop, self._progress() as progress:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
@@ -149,9 +150,9 @@ class Trainer:
                     if not progress.disable:
                         progress.advance(task)
                     faults.point("step", pos.step, settle=self.checkpointer.wait)
-                    if cfg.sync_debug and self.device.type == "cuda":
-                        # From the second step: the first one compiles, autotunes and warms up.
+                    if watch_syncs:  # from the second step: the first compiles and autotunes
                         torch.cuda.set_sync_debug_mode("warn")
+                        watch_syncs = False
                     if pos.step % fingerprint_every == 0:
                         self._flush_losses(losses)  # with a weights hash at this step
                     if pos.batch == batches_per_epoch:

@@ -70,8 +70,8 @@ def evaluate(
         correct += (logits.argmax(1) == labels).sum().double()
         count += len(labels)
     model.train(was_training)
-    images = torch.full((), float(count), dtype=torch.float64, device=device)
-    totals = torch.stack([loss_sum, correct, images]).cpu()  # one copy: one wait for a GPU
+    # One copy to the host: one wait for a GPU.
+    totals = torch.stack([loss_sum, correct, torch.full_like(loss_sum, count)]).cpu()
     if dist is not None:
         totals = distributed.sum_tensor(totals, dist)
     loss_total, correct_total, images = totals.tolist()

@@ -96,8 +96,8 @@ class SampleKeys:
         if block not in self._blocks:
             # A block of draws for the whole batch in one pass: a GPU launches each of the
             # hash's kernels once per block instead of once per draw.
-            self._blocks[block] = _mix32(self._sample_hash[:, None] ^ self._draw_keys(block))
-        return self._blocks[block][:, column]
+            self._blocks[block] = _mix32(self._sample_hash[..., None] ^ self._draw_keys(block))
+        return self._blocks[block][..., column]
 
     @cached_property
     def _blocks(self) -> dict[int, Any]:
@@ -105,12 +105,11 @@ class SampleKeys:
 
     def _draw_keys(self, block: int) -> Any:
         """The draws' own hashes for `block`, as an array like the batch's (built once)."""
-        values = [_mix32(d) for d in range(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK)]
         if isinstance(self._sample_hash, np.ndarray):
-            return np.array(values, dtype=np.uint64)
+            return np.array(_draw_hashes(block), dtype=np.uint64)
         device = self._sample_hash.device
-        if (device, block) not in _DRAW_KEYS:
-            _DRAW_KEYS[device, block] = torch.tensor(values).to(device)
+        if (device, block) not in _DRAW_KEYS:  # a copy to a GPU once, not per batch
+            _DRAW_KEYS[device, block] = torch.tensor(_draw_hashes(block)).to(device)
         return _DRAW_KEYS[device, block]
 
     def bits(self, draw: int) -> Counter:
@@ -125,6 +124,10 @@ class SampleKeys:
     def below(self, draw: int, probability: float) -> bool | torch.Tensor:
         """True with `probability`."""
         return _result(self._bits(draw) < round(probability * 2**32))
+
+
+def _draw_hashes(block: int) -> list[int]:
+    return [_mix32(draw) for draw in range(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK)]
 
 
 def _counter(value: Counter) -> Any:
