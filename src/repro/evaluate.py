@@ -22,9 +22,9 @@ from omegaconf import OmegaConf
 from repro import build
 from repro.data.loader import eval_loader
 from repro.engine.checkpoint import load
-from repro.engine.loggers import write_json_atomic
 from repro.engine.metrics import evaluate
 from repro.errors import ConfigError, UserError, exit_with
+from repro.files import write_json_atomic
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 from repro.runtime.transfer import select_device, use_pinned_memory

@@ -11,6 +11,7 @@ if __name__ == "__main__":  # before torch is imported, so the re-exec costs nex
 
     pin_hash_seed("repro.train")
 
+import json
 import logging
 import sys
 import time
@@ -24,12 +25,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from repro import build, config, launch
-from repro.engine import resume
+from repro.engine import history, preflight, resume
 from repro.engine.checkpoint import Checkpointer
-from repro.engine.loggers import MetricsLog, plot_curves, write_json_atomic
+from repro.engine.loggers import MetricsLog, plot_curves
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
 from repro.errors import UserError, exit_with, one_line
+from repro.files import write_json_atomic, write_text_atomic
 from repro.runtime import compilation, determinism, distributed, environment, seeding, threads
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -42,6 +44,7 @@ log = logging.getLogger("repro.train")
 config.register()
 OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True, use_cache=True)
 OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True, use_cache=True)
+OmegaConf.register_new_resolver("record_subdir", history.record_subdir, replace=True)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -64,6 +67,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     # A checkpoint to continue from decides the seed of a seed=random run.
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.keep_checkpoints)
     state = resume.find(cfg.trainer.resume, checkpointer)
+    if state:
+        resume.check_seed(state, cfg.seed)
     root_seed = state["root_seed"] if state else seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
     root_seed = distributed.broadcast(root_seed, dist)  # one draw of seed=random for all ranks
     cfg.seed.value = root_seed
@@ -79,7 +84,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     train_loader, sampler, val_loader = build.loaders(
         cfg, data, pin_memory, root_seed, dist.rank, dist.world, device
     )
-    model = memory_format.model(build.model(cfg, root_seed).to(device))
+    model = build.model(cfg, root_seed)
+    preflight.check_classes(model, data, cfg.data.image_size)
+    model = memory_format.model(model.to(device))
     forward_model = build.data_parallel(model, cfg.trainer.sync_batchnorm, dist, device)
     if cfg.trainer.compile:
         # The DDP wrapper, not the model inside: gradient all-reduces overlap the backward pass.
@@ -89,10 +96,18 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if cfg.trainer.max_steps is not None:
         total_steps = min(total_steps, cfg.trainer.max_steps)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
+    if state:
+        done_steps = resume.check_length(state, total_steps)
+        if history.already_complete(run_dir, done_steps, total_steps):
+            return {**read_summary(run_dir), "already_complete": True}
 
+    # From here on the run writes into its folder: first, this attempt's line in its history.
+    run_history = history.RunHistory(run_dir)
+    if dist.is_main:
+        run_history.begin(cfg, start_step=state["position"]["step"] if state else 0)
     config_values = OmegaConf.to_container(cfg, resolve=True)
     if dist.is_main:
-        OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
+        write_text_atomic(run_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     trainer = Trainer(
         model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
         memory_format=memory_format, to_device=build.device_batches(cfg, device),
@@ -110,14 +125,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         resume.truncate_logs(run_dir, trainer.position.step)  # drop rows a killed attempt wrote
     if state:
         pos = trainer.position
-        log.info("resumed at epoch %d, batch %d, step %d", pos.epoch, pos.batch, pos.step)
+        log.info(
+            "resumed from %s at epoch %d, batch %d, step %d",
+            state["loaded_from"], pos.epoch, pos.batch, pos.step,
+        )  # fmt: skip
 
     log.info(
         "training %s on %s | %d train / %d val images | %d steps | seed %d | amp %s | %s",
         cfg.model._target_.rsplit(".", 1)[-1], device, len(data.train), len(data.val),
         total_steps, root_seed, precision.mode, memory_format.name,
     )  # fmt: skip
-    final = trainer.fit()
+    try:
+        final = trainer.fit()
+    except BaseException as error:
+        if dist.is_main:
+            run_history.end(f"failed: {one_line(error)}", trainer.position.step)
+        raise
     trainer.metrics.close()
 
     summary = {
@@ -140,10 +163,21 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     }
     if dist.is_main:
         write_json_atomic(run_dir / "summary.json", summary)
+        run_history.end(_result(summary), trainer.position.step)
         if cfg.logger.plot and (run_dir / "metrics.csv").exists():
             plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
     distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
     return summary
+
+
+def _result(summary: dict[str, Any]) -> str:
+    if summary["stopped_by_signal"] is not None:
+        return f"stopped by signal {summary['stopped_by_signal']}"
+    return "completed" if summary["completed"] else "halted"
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
 
 
 @hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
@@ -161,6 +195,14 @@ def main(cfg: DictConfig) -> float | None:
         log.error("job failed: %s", one_line(error), exc_info=not isinstance(error, UserError))
         (run_dir / ERROR_FILE).write_text(f"{type(error).__name__}: {one_line(error)}\n")
         return None
+    if summary.get("already_complete"):
+        # Printed, not logged: the run's train.log stays as the finished run left it.
+        print(
+            f"already complete: {run_dir} holds all {summary['step']} steps of this config "
+            f"(val_acc {summary['val_acc']:.4f}); nothing to do. To train longer, raise "
+            "trainer.epochs or trainer.max_steps.", flush=True,
+        )  # fmt: skip
+        return summary["val_acc"]
     if summary["stopped_by_signal"] is not None and in_sweep:
         log.warning(
             "stopped by signal %d at step %d", summary["stopped_by_signal"], summary["step"]

@@ -30,8 +30,9 @@ from repro import build
 from repro.data.datasets import Splits
 from repro.data.loader import EpochBatches, close
 from repro.engine.checkpoint import Checkpointer
-from repro.engine.loggers import MetricsLog, write_json_atomic
+from repro.engine.loggers import MetricsLog
 from repro.engine.loop import Trainer
+from repro.files import write_json_atomic
 from repro.runtime import compilation, determinism
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
 COLUMNS = (
     "epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "images_per_s", "data_wait_frac",
 )  # fmt: skip
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
 
 
 class MetricsLog:

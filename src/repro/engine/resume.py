@@ -37,8 +37,32 @@ def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:
     else:
         path = Path(resume).expanduser()
         state = checkpoint.load(path)
-    log.info("resuming from %s", path)
+    state["loaded_from"] = str(path)  # logged once the run goes on (a no-op rerun logs nothing)
     return state
+
+
+def check_seed(state: dict[str, Any], seed_cfg: DictConfig) -> None:
+    """A fixed seed asked for must be the one the checkpoint was trained with (seed=random
+    takes the checkpoint's drawn seed)."""
+    trained_with = state["root_seed"]
+    if seed_cfg.mode == "fixed" and seed_cfg.value != trained_with:
+        raise CheckpointError(
+            f"seed={seed_cfg.value} was asked, but this run folder's checkpoint was trained with "
+            f"seed={trained_with}: use a new run folder for seed {seed_cfg.value}, or ask for "
+            f"seed={trained_with} to continue this run"
+        )
+
+
+def check_length(state: dict[str, Any], total_steps: int) -> int:
+    """The checkpoint's step; a config that would end before it is refused."""
+    done = int(state["position"]["step"])
+    if done > total_steps:
+        raise CheckpointError(
+            f"this run folder already holds {done} steps, and the config asks for {total_steps} "
+            "(trainer.epochs, trainer.max_steps): a run cannot be shortened; train the shorter "
+            "run in a new folder"
+        )
+    return done
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

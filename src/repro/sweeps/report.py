@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from repro.engine.loggers import save_figure_atomic
+from repro.files import write_text_atomic
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.stats import difference_of_means, summarize
 
@@ -137,12 +138,6 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _job_row(job: Job) -> dict[str, Any]:
     summary = job.summary or {}
     return {
@@ -161,7 +156,7 @@ def write(report: Report) -> None:
         "groups": report.groups,
         "comparisons": report.comparisons,
     }
-    _atomic_write(folder / "sweep_summary.json", json.dumps(payload, indent=2) + "\n")
+    write_text_atomic(folder / "sweep_summary.json", json.dumps(payload, indent=2) + "\n")
     tmp = folder / ".sweep_summary.csv.tmp"
     with tmp.open("w", newline="") as handle:
         columns = [
@@ -179,7 +174,7 @@ def write(report: Report) -> None:
         for row in payload["jobs"]:
             writer.writerow({**row, "overrides": " ".join(row["overrides"])})
     tmp.replace(folder / "sweep_summary.csv")
-    _atomic_write(folder / "sweep_summary.md", markdown(report))
+    write_text_atomic(folder / "sweep_summary.md", markdown(report))
     plot(report, folder / "sweep.png")
 
 

@@ -1,0 +1,104 @@
+"""A run folder's history: every attempt that trained in it, and the first one's record kept.
+
+Hydra writes the composed config to `.hydra/` before a job starts. The first attempt that
+trains in a folder keeps that record for good: for any later attempt (a resume, an extension,
+a requeued SLURM job) `record_subdir` tells Hydra to write nothing, and the attempt's config
+and overrides go to `attempts/<n>/` instead. attempts.jsonl holds one line per attempt: its
+command line, start time, start step, end step and result.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from repro.files import write_text_atomic
+
+ATTEMPTS_FILE = "attempts.jsonl"
+FIRST_RECORD = ".hydra"
+
+
+def record_subdir(output_dir: str) -> str | None:
+    """Hydra's `output_subdir` for a job in `output_dir`: `.hydra` until an attempt has trained
+    there, then none (a refused or failed first try leaves nothing worth keeping)."""
+    return None if (Path(output_dir) / ATTEMPTS_FILE).exists() else FIRST_RECORD
+
+
+def _command_line() -> str:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    program = ["python", "-m", spec.name] if spec and spec.name else [Path(sys.argv[0]).name]
+    return shlex.join([*program, *sys.argv[1:]])
+
+
+def _task_overrides() -> list[str]:
+    """The command line's overrides as Hydra parsed them; none when run outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return list(HydraConfig.get().overrides.task)
+
+
+class RunHistory:
+    """attempts.jsonl of one run folder; `begin` adds this attempt, `end` closes it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / ATTEMPTS_FILE
+
+    def attempts(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+    def begin(self, cfg: DictConfig, start_step: int) -> None:
+        """Record this attempt before it writes anything else into the folder."""
+        earlier = self.attempts()
+        number = len(earlier) + 1
+        overrides = _task_overrides()
+        first_record = self.run_dir / FIRST_RECORD / "config.yaml"
+        if number == 1 and first_record.exists():
+            record = FIRST_RECORD  # written by Hydra for this very attempt
+        else:
+            record = f"attempts/{number}"
+            folder = self.run_dir / record
+            folder.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
+            write_text_atomic(folder / "overrides.yaml", OmegaConf.to_yaml(overrides))
+        self._current = {
+            "attempt": number,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": _command_line(),
+            "overrides": overrides,
+            "config": record,
+            "start_step": start_step,
+            "end_step": None,
+            "result": "running",  # stays so if the attempt is killed outright
+        }
+        self._write([*earlier, self._current])
+
+    def end(self, result: str, end_step: int) -> None:
+        """Close this attempt's line: completed, halted, stopped by signal N, failed: ..."""
+        self._current.update(result=result, end_step=end_step)
+        earlier = [a for a in self.attempts() if a["attempt"] != self._current["attempt"]]
+        self._write([*earlier, self._current])
+
+    def _write(self, attempts: list[dict[str, Any]]) -> None:
+        lines = "".join(json.dumps(a, sort_keys=True) + "\n" for a in attempts)
+        write_text_atomic(self.path, lines)
+
+
+def already_complete(run_dir: Path, checkpoint_step: int, total_steps: int) -> bool:
+    """Whether the folder holds a finished run of exactly `total_steps` steps."""
+    summary = run_dir / "summary.json"
+    if checkpoint_step != total_steps or not summary.exists():
+        return False
+    recorded = json.loads(summary.read_text())
+    return bool(recorded.get("completed")) and recorded.get("step") == total_steps

@@ -1,0 +1,65 @@
+"""Checks made before the first step, for mistakes that would otherwise end in a traceback
+from `cross_entropy` halfway through a run, or train silently wrong.
+
+None of them draws from a generator or changes the model, so a run's weights are the same
+with or without them.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from repro.data.datasets import Splits
+from repro.errors import DataError, UserError
+
+
+def outputs_per_image(model: nn.Module, image_size: int) -> int | None:
+    """The number of logits `model` gives for one RGB image; None if it does not give a
+    (batch, classes) tensor. Runs on meta tensors (no memory, no arithmetic); a model that
+    meta tensors cannot run goes through a copy of itself on the CPU instead."""
+    was_training = model.training
+    model.eval()  # dropout draws nothing, batch norm keeps its running statistics
+    try:
+        meta = {name: t.to("meta") for name, t in model.state_dict(keep_vars=True).items()}
+        probe = torch.zeros(1, 3, image_size, image_size, device="meta")
+        try:
+            with torch.no_grad():
+                logits = functional_call(model, meta, (probe,))
+        except Exception:  # an operation without a meta kernel, or one that reads values
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                logits = copy.deepcopy(model).cpu()(probe.to("cpu"))
+    finally:
+        model.train(was_training)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        return None
+    return int(logits.shape[1])
+
+
+def _label_range(labels: object) -> tuple[int, int]:
+    values = torch.as_tensor(labels)
+    return int(values.min()), int(values.max())
+
+
+def check_classes(model: nn.Module, data: Splits, image_size: int) -> None:
+    """The model gives one output per class, and every label names one of the classes."""
+    classes = len(data.classes)
+    for split, source in (("train", data.train), ("val", data.val), ("test", data.test)):
+        if len(source) == 0:
+            continue
+        lowest, highest = _label_range(source.labels)
+        if lowest < 0 or highest >= classes:
+            bad = highest if highest >= classes else lowest
+            raise DataError(
+                f"the {split} split has label {bad}, but the data has {classes} classes "
+                f"(labels 0..{classes - 1})"
+            )
+    outputs = outputs_per_image(model, image_size)
+    if outputs is not None and outputs != classes:
+        raise UserError(
+            f"the model gives {outputs} outputs per image but the data has {classes} classes: "
+            f"make them equal (model.num_classes={classes}, or data.num_classes)"
+        )
