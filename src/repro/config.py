@@ -7,7 +7,8 @@ express (ranges and choices) and raises a ConfigError naming key, value and what
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -201,8 +202,30 @@ def _check_exact(cfg: DictConfig) -> None:
         raise ConfigError(broken[0], _get(cfg, broken[0]), allowed)
 
 
+def _unknown_keys(node: Any, schema: type, prefix: str = "") -> tuple[str, Any, str] | None:
+    """The first key of `node` its dataclass does not declare, its value and the closest known
+    key. `+key=value` adds keys past the schema; nodes typed Any (model, optimizer, scheduler)
+    and nodes with a `_target_` take any key, as their class's arguments."""
+    known = {f.name: f for f in fields(schema)}
+    for key in node:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.0)
+            return f"{prefix}{key}", node[key], f"{prefix}{close[0]}" if close else ""
+        child = known[key].default_factory  # a section's dataclass; MISSING for Any nodes
+        if is_dataclass(child) and "_target_" not in node[key]:
+            found = _unknown_keys(node[key], child, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
+
+
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for the first value outside its allowed range or choices."""
+    """Raise ConfigError for an unknown key, or the first value outside its allowed range or
+    choices."""
+    unknown = _unknown_keys(cfg, Config)
+    if unknown:
+        key, value, closest = unknown
+        raise ConfigError(key, value, f"not a known key; the closest is {closest}")
     if cfg.get("preset") == "exact":
         _check_exact(cfg)
     for key, allowed in CHOICES.items():

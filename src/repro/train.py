@@ -25,6 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from repro import build, config, launch
+from repro.data import fingerprint
 from repro.engine import history, preflight, resume
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog, plot_curves
@@ -80,6 +81,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     # Data and model.
     data = build.splits(cfg, root_seed)
+    data_fingerprint = fingerprint.fingerprint(data, cfg.data.root)
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
     train_loader, sampler, val_loader = build.loaders(
         cfg, data, pin_memory, root_seed, dist.rank, dist.world, device
@@ -159,6 +161,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "pin_memory": pin_memory,
         "flags": determinism.snapshot(),
         "env": environment.describe(device),
+        "data": data_fingerprint,
         "world_size": dist.world,
     }
     if dist.is_main:

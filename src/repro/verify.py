@@ -1,10 +1,13 @@
-"""Re-run a recorded run and say whether it reproduces: `python -m repro.verify RUN_DIR [steps=N]`.
+"""Re-run a recorded run and say whether it reproduces:
+`python -m repro.verify RUN_DIR [steps=N] [threads=N]`.
 
-The recorded config (resolved_config.yaml) is trained again in a temporary folder, all of it or
-its first N steps, and the per-step fingerprints (loss to full precision, weights hash every K
-steps) are compared. Prints "identical" or the first divergent step and what diverged, plus
-every difference between the recorded and the current environment. Exit code 0 only when
-identical.
+The data is loaded and compared with the run's data fingerprint first: other data is reported
+without training. Then the recorded config (resolved_config.yaml) is trained again in a
+temporary folder with the recorded thread count, all of it or its first N steps, and the
+per-step fingerprints (loss to full precision, weights hash every K steps) are compared.
+Prints every difference between the recorded and the current environment, those known to
+change floating-point results first, then "identical" or the first divergent step. Exit code
+0 only when identical.
 """
 
 from __future__ import annotations
@@ -20,14 +23,18 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
-from repro import config
+from repro import build, config
+from repro.data import fingerprint
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runtime import determinism, environment
 from repro.runtime.transfer import select_device
 from repro.train import train
+
+USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N]"
 
 
 @dataclass
@@ -35,6 +42,7 @@ class Verdict:
     steps_compared: int
     divergence: str | None = None
     environment: list[str] = field(default_factory=list)
+    data: list[str] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
@@ -62,16 +70,61 @@ def first_divergence(
     return None
 
 
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def environment_changes(recorded: dict, current: dict) -> list[str]:
-    return [
-        f"{key}: {recorded.get(key)!r} recorded, {current.get(key)!r} now"
-        for key in sorted(recorded.keys() | current.keys())
-        if recorded.get(key) != current.get(key)
-    ]
+    """One line per difference; those known to change floating-point results first, marked."""
+    before, now = _flatten(recorded), _flatten(current)
+    lines = []
+    for key in sorted(before.keys() | now.keys()):
+        if before.get(key) != now.get(key):
+            marked = key.rsplit(".", 1)[-1] in environment.CHANGES_RESULTS
+            mark = " (changes floating-point results)" if marked else ""
+            lines.append(
+                (not marked, f"{key}: {before.get(key)!r} recorded, {now.get(key)!r} now{mark}")
+            )
+    return [line for _, line in sorted(lines, key=lambda pair: pair[0])]
 
 
-def verify(run_dir: Path, steps: int | None = None) -> Verdict:
-    """Re-run `run_dir`'s config (its first `steps` steps) and compare with what it recorded."""
+def data_changes(recorded: dict, current: dict) -> list[str]:
+    """The splits whose images differ from the recorded run's."""
+    if recorded.get("sha256") == current.get("sha256"):
+        return []
+    changes = []
+    for split, now in current["splits"].items():
+        before = recorded.get("splits", {}).get(split, {})
+        if before != now:
+            changes.append(
+                f"{split}: {before.get('images')} images {str(before.get('sha256'))[:12]} "
+                f"recorded, {now['images']} images {now['sha256'][:12]} now"
+            )
+    return changes or [f"classes: {recorded.get('classes')} recorded, {current['classes']} now"]
+
+
+def _recorded_config(resolved: Path, steps: int | None, threads: int | None, env: dict) -> Any:
+    config.register()
+    cfg = OmegaConf.merge(OmegaConf.structured(config.Config), OmegaConf.load(resolved))
+    cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
+    cfg.trainer.resume = "never"
+    cfg.trainer.halt_at_step = steps
+    cfg.logger.plot = cfg.logger.tensorboard = False
+    # The recorded thread count: another one splits the sums differently.
+    cfg.trainer.num_threads = threads or env.get("num_threads") or cfg.trainer.num_threads
+    return cfg
+
+
+def verify(run_dir: Path, steps: int | None = None, threads: int | None = None) -> Verdict:
+    """Re-run `run_dir`'s config (its first `steps` steps, with its thread count unless
+    `threads` is given) and compare with what it recorded. Data that differs from the
+    recorded run's is reported without training."""
     resolved = run_dir / "resolved_config.yaml"
     fingerprints = run_dir / "fingerprints.csv"
     if not resolved.is_file() or not fingerprints.is_file():
@@ -83,24 +136,28 @@ def verify(run_dir: Path, steps: int | None = None) -> Verdict:
         raise DataError(f"{fingerprints}: empty, the run recorded no step")
     if steps is not None and steps > recorded[-1][0]:
         raise ConfigError("steps", steps, f"at most the {recorded[-1][0]} steps the run recorded")
+    summary_file = run_dir / "summary.json"
+    before = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    cfg = _recorded_config(resolved, steps, threads, before.get("env", {}))
 
-    config.register()
-    cfg = OmegaConf.merge(OmegaConf.structured(config.Config), OmegaConf.load(resolved))
-    cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
-    cfg.trainer.resume = "never"
-    cfg.trainer.halt_at_step = steps
-    cfg.logger.plot = cfg.logger.tensorboard = False
+    verdict = Verdict(0)
+    if before:
+        now_env = environment.describe(select_device(cfg.trainer.device))
+        now_env["num_threads"] = cfg.trainer.num_threads or now_env["num_threads"]  # as rerun
+        verdict.environment = environment_changes(before.get("env", {}), now_env)
+    if "data" in before:
+        now = fingerprint.fingerprint(build.splits(cfg, cfg.seed.value), cfg.data.root)
+        verdict.data = data_changes(before["data"], now)
+        if verdict.data:
+            verdict.divergence = "the data, before any step (nothing was trained)"
+            return verdict
     with tempfile.TemporaryDirectory(prefix="repro-verify-") as work:
         summary = train(cfg, Path(work))
         rerun = read_fingerprints(Path(work) / "fingerprints.csv")
-    compared = min(len(recorded), len(rerun))
-    verdict = Verdict(compared, first_divergence(recorded[:compared], rerun[:compared]))
-
-    summary_file = run_dir / "summary.json"
-    if summary_file.is_file():
-        before = json.loads(summary_file.read_text())
-        now_env = environment.describe(select_device(cfg.trainer.device))
-        verdict.environment = environment_changes(before.get("env", {}), now_env)
+    verdict.steps_compared = min(len(recorded), len(rerun))
+    compared = verdict.steps_compared
+    verdict.divergence = first_divergence(recorded[:compared], rerun[:compared])
+    if before:
         verdict.environment += environment_changes(before.get("flags", {}), determinism.snapshot())
         full_rerun = steps is None and before.get("completed")
         if (
@@ -115,19 +172,22 @@ def verify(run_dir: Path, steps: int | None = None) -> Verdict:
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        if not argv or argv[0].startswith("steps="):
-            raise ConfigError("RUN_DIR", None, "usage: python -m repro.verify RUN_DIR [steps=N]")
+        if not argv or "=" in argv[0]:
+            raise ConfigError("RUN_DIR", None, f"usage: {USAGE}")
         run_dir = Path(argv[0])
-        steps = None
+        options: dict[str, int] = {}
         for arg in argv[1:]:
             key, _, value = arg.partition("=")
-            if key != "steps" or not value.isdigit() or int(value) < 1:
-                raise ConfigError(key, value, "only steps=N with N >= 1")
-            steps = int(value)
+            if key not in ("steps", "threads") or not value.isdigit() or int(value) < 1:
+                raise ConfigError(key, value, f"only steps=N and threads=N with N >= 1 ({USAGE})")
+            options[key] = int(value)
+        steps = options.get("steps")
         print(f"re-running {run_dir} ({f'first {steps} steps' if steps else 'all steps'}) ...")
-        verdict = verify(run_dir, steps)
+        verdict = verify(run_dir, steps, options.get("threads"))
     except UserError as error:
         exit_with(error)
+    for change in verdict.data:
+        print(f"data differs: {change}")
     for change in verdict.environment:
         print(f"environment differs: {change}")
     if verdict.identical:

@@ -4,24 +4,30 @@ Hydra writes the composed config to `.hydra/` before a job starts. The first att
 trains in a folder keeps that record for good: for any later attempt (a resume, an extension,
 a requeued SLURM job) `record_subdir` tells Hydra to write nothing, and the attempt's config
 and overrides go to `attempts/<n>/` instead. attempts.jsonl holds one line per attempt: its
-command line, start time, start step, end step and result.
+command line, start time, start step, end step, result, commit and (from a dirty
+tree) the source.patch that rebuilds its code.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from repro.errors import UserError, exit_with
 from repro.files import write_text_atomic
+from repro.runtime import environment
 
 ATTEMPTS_FILE = "attempts.jsonl"
 FIRST_RECORD = ".hydra"
+SOURCE_PATCH = "source.patch"
 
 
 def record_subdir(output_dir: str) -> str | None:
@@ -72,12 +78,19 @@ class RunHistory:
             folder.mkdir(parents=True, exist_ok=True)
             write_text_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
             write_text_atomic(folder / "overrides.yaml", OmegaConf.to_yaml(overrides))
+        # A dirty source tree: what it takes to rebuild this attempt's code from its commit.
+        patch = environment.source_patch()
+        patch_file = self.run_dir / (SOURCE_PATCH if number == 1 else f"{record}/{SOURCE_PATCH}")
+        if patch:
+            write_text_atomic(patch_file, patch)
         self._current = {
             "attempt": number,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": _command_line(),
             "overrides": overrides,
             "config": record,
+            "git_commit": environment.git_commit(),
+            "source_patch": str(patch_file.relative_to(self.run_dir)) if patch else None,
             "start_step": start_step,
             "end_step": None,
             "result": "running",  # stays so if the attempt is killed outright
@@ -102,3 +115,26 @@ def already_complete(run_dir: Path, checkpoint_step: int, total_steps: int) -> b
         return False
     recorded = json.loads(summary.read_text())
     return bool(recorded.get("completed")) and recorded.get("step") == total_steps
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """Create `folder` and write a probe file in it, or exit with one line naming it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        message = f"cannot write the output folder {folder} ({reason}): set {key} to one you can"
+        exit_with(UserError(message))
+
+
+class OutputFolderCheck(Callback):
+    """Before Hydra creates a run's or a sweep's folder: one clear line, exit 2, if it cannot."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
