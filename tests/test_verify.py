@@ -27,12 +27,13 @@ def test_untouched_run_is_identical_on_the_command_line(recorded):
     assert partial.returncode == 0 and "identical: 5 steps" in partial.stdout
 
 
-def test_changed_data_diverges_at_the_first_step(recorded):
+def test_changed_data_is_named_before_any_step(recorded):
     resolved = recorded / "resolved_config.yaml"
     resolved.write_text(resolved.read_text().replace("generator_seed: 0", "generator_seed: 1"))
     verdict = verify.verify(recorded)
-    assert not verdict.identical
-    assert verdict.divergence.startswith("step 1: loss")
+    assert not verdict.identical and verdict.steps_compared == 0
+    assert verdict.divergence.startswith("the data")
+    assert [line.split(":")[0] for line in verdict.data] == ["train", "val", "test"]
 
 
 def test_changed_code_is_caught_at_the_step_it_changes(recorded, monkeypatch):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from repro import benchmarks, config, launch
 from repro.benchmarks import common
@@ -26,13 +26,12 @@ from repro.runtime import determinism, seeding
 from repro.runtime.transfer import select_device
 
 benchmarks.register()
-OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True, use_cache=True)
-OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True, use_cache=True)
+launch.register_resolvers()
 
 
 def bench(cfg: DictConfig, run_dir: Path) -> dict:
     """Run the suite `cfg.suite.name` into `run_dir`; returns what bench.json holds."""
-    config.validate(cfg)
+    config.validate(cfg, schema=benchmarks.BenchConfig)
     benchmarks.validate(cfg.suite)
     suite = benchmarks.load(cfg.suite.name)
     cfg.seed.value = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)

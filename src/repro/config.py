@@ -219,10 +219,10 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> tuple[str, Any, 
     return None
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for an unknown key, or the first value outside its allowed range or
-    choices."""
-    unknown = _unknown_keys(cfg, Config)
+def validate(cfg: DictConfig, schema: type = Config) -> None:
+    """Raise ConfigError for a key `schema` does not know, or the first value outside its
+    allowed range or choices."""
+    unknown = _unknown_keys(cfg, schema)
     if unknown:
         key, value, closest = unknown
         raise ConfigError(key, value, f"not a known key; the closest is {closest}")

@@ -64,6 +64,17 @@ def run_stamp() -> str:
     return _identity()[0]
 
 
+def register_resolvers() -> None:
+    """The resolvers conf/config.yaml names: `run_id`, `run_stamp` and `record_subdir`."""
+    from omegaconf import OmegaConf
+
+    from repro.engine.history import record_subdir
+
+    OmegaConf.register_new_resolver("run_id", run_id, replace=True, use_cache=True)
+    OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True, use_cache=True)
+    OmegaConf.register_new_resolver("record_subdir", record_subdir, replace=True)
+
+
 def torchrun_argv(argv: list[str]) -> list[str]:
     """Under torchrun: one run folder for all ranks, and only rank 0 writes Hydra's files.
 

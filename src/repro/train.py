@@ -43,9 +43,7 @@ from repro.sweeps.callback import SweepReport
 log = logging.getLogger("repro.train")
 
 config.register()
-OmegaConf.register_new_resolver("run_id", launch.run_id, replace=True, use_cache=True)
-OmegaConf.register_new_resolver("run_stamp", launch.run_stamp, replace=True, use_cache=True)
-OmegaConf.register_new_resolver("record_subdir", history.record_subdir, replace=True)
+launch.register_resolvers()
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

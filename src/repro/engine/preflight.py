@@ -23,15 +23,17 @@ def outputs_per_image(model: nn.Module, image_size: int) -> int | None:
     meta tensors cannot run goes through a copy of itself on the CPU instead."""
     was_training = model.training
     model.eval()  # dropout draws nothing, batch norm keeps its running statistics
+    # A forward that draws anyway gives the generators back as they were.
+    cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
     try:
-        meta = {name: t.to("meta") for name, t in model.state_dict(keep_vars=True).items()}
-        probe = torch.zeros(1, 3, image_size, image_size, device="meta")
-        try:
-            with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+            meta = {name: t.to("meta") for name, t in model.state_dict(keep_vars=True).items()}
+            probe = torch.zeros(1, 3, image_size, image_size, device="meta")
+            try:
                 logits = functional_call(model, meta, (probe,))
-        except Exception:  # an operation without a meta kernel, or one that reads values
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                logits = copy.deepcopy(model).cpu()(probe.to("cpu"))
+            except Exception:  # an operation without a meta kernel, or one that reads values
+                real = torch.zeros(1, 3, image_size, image_size)
+                logits = copy.deepcopy(model).cpu()(real)
     finally:
         model.train(was_training)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
