@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from repro import verify
 from repro.engine.loop import Trainer
+from repro.runtime import threads
 
 from conftest import run_cli, tiny, train_in_process
 
@@ -50,12 +53,31 @@ def test_changed_code_is_caught_at_the_step_it_changes(recorded, monkeypatch):
     assert verdict.divergence.startswith("step 7: loss"), verdict.divergence
 
 
-def test_environment_differences_are_reported(recorded):
-    summary = recorded / "summary.json"
-    summary.write_text(summary.read_text().replace('"torch": "', '"torch": "0.0-'))
+def test_environment_differences_are_reported_those_that_change_results_first(recorded):
+    summary_path = recorded / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["env"]["python"] = "0.0"
+    summary["env"]["cpu_capability"] = "NONE"
+    summary["env"]["packages"]["rich"] = "0.0"
+    summary_path.write_text(json.dumps(summary))
     verdict = verify.verify(recorded, steps=2)
     assert verdict.identical
-    assert any(change.startswith("torch:") for change in verdict.environment)
+    keys = [change.split(":")[0] for change in verdict.environment]
+    assert keys == ["cpu_capability", "packages.rich", "python"]
+    marked = [change.endswith("(changes floating-point results)") for change in verdict.environment]
+    assert marked == [True, False, False]
+
+
+def test_the_rerun_uses_the_recorded_thread_count_unless_told(tmp_path, monkeypatch):
+    run_dir = tmp_path / "one-thread"
+    train_in_process(run_dir, *RUN, "trainer.num_threads=1")
+    applied = []
+    original = threads.apply
+    monkeypatch.setattr(threads, "apply", lambda n: applied.append(n) or original(n))
+    assert verify.verify(run_dir, steps=2).identical
+    told = verify.verify(run_dir, steps=2, threads=2)
+    assert applied == [1, 2]
+    assert any(c.startswith("num_threads: 1 recorded, 2 now") for c in told.environment)
 
 
 def test_bad_arguments(recorded, tmp_path):

@@ -27,14 +27,16 @@ CHANGES_RESULTS = (
 )  # fmt: skip
 
 
-def _run(*command: str, cwd: Path = SOURCE_DIR) -> str | None:
+def _run(*command: str, cwd: Path = SOURCE_DIR, exact: bool = False) -> str | None:
+    """The command's output (stripped unless `exact`: a patch needs its last blank line);
+    None if it cannot run or fails. `git diff --no-index` exits 1 when files differ."""
     try:
-        done = subprocess.run(
-            command, cwd=cwd, capture_output=True, text=True, timeout=10, check=True
-        )
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip()
+    if done.returncode not in ((0, 1) if "--no-index" in command else (0,)):
+        return None
+    return done.stdout if exact else done.stdout.strip()
 
 
 def _git(*args: str) -> str | None:
@@ -125,7 +127,7 @@ def source_patch(inside: Path = SOURCE_DIR) -> str | None:
     if toplevel is None or _run("git", "rev-parse", "HEAD", cwd=inside) is None:
         return None
     top = Path(toplevel)
-    diff = _run("git", "diff", "HEAD", "--binary", cwd=top) or ""
+    diff = _run("git", "diff", "HEAD", "--binary", cwd=top, exact=True) or ""
     untracked = (
         _run("git", "ls-files", "--others", "--exclude-standard", "--", "src", "conf", cwd=top)
         or ""
@@ -133,14 +135,12 @@ def source_patch(inside: Path = SOURCE_DIR) -> str | None:
     if not diff and not untracked:
         return None
     parts = [f"# untracked files, included below: {', '.join(untracked)}\n"] if untracked else []
-    if diff:
-        parts.append(diff + "\n")
-    for name in untracked:  # `git diff --no-index` exits 1 when there is a difference
-        done = subprocess.run(
-            ["git", "diff", "--no-index", "--binary", "/dev/null", name],
-            cwd=top, capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
-        parts.append(done.stdout)
+    parts.append(diff)
+    for name in untracked:
+        parts.append(
+            _run("git", "diff", "--no-index", "--binary", "/dev/null", name, cwd=top, exact=True)
+            or ""
+        )
     return "".join(parts)
 
 
