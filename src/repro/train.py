@@ -194,7 +194,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         # One job failing must not end the sweep: record why, let the launcher go on.
         log.error("job failed: %s", one_line(error), exc_info=not isinstance(error, UserError))
-        (run_dir / ERROR_FILE).write_text(f"{type(error).__name__}: {one_line(error)}\n")
+        write_text_atomic(run_dir / ERROR_FILE, f"{type(error).__name__}: {one_line(error)}\n")
         return None
     if summary.get("already_complete"):
         # Printed, not logged: the run's train.log stays as the finished run left it.
