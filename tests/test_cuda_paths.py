@@ -260,13 +260,13 @@ def test_sync_debug_warns_from_the_second_step_and_is_off_after_the_run(tmp_path
     from repro.engine.loop import Trainer
 
     steps, modes = [], []
-    train_step = Trainer._train_step
+    train_step = Trainer.train_step
 
     def counted(self, *batch):
         steps.append(None)
         return train_step(self, *batch)
 
-    monkeypatch.setattr(Trainer, "_train_step", counted)
+    monkeypatch.setattr(Trainer, "train_step", counted)
     monkeypatch.setattr(Trainer, "device", property(lambda self: torch.device("cuda")))
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: modes.append((m, len(steps))))
     train_in_process(

@@ -137,6 +137,6 @@ def test_ranks_agree_on_a_stop_signal_every_ten_steps_only(monkeypatch):
     agreed = []
     for step in range(1, 31):
         trainer.position.step = step
-        agreed.append(loop.Trainer._agreed_signal(trainer, no_signal_here))
+        agreed.append(loop.Trainer.agreed_signal(trainer, no_signal_here))
     assert [s for s, a in enumerate(agreed, 1) if a is not None] == [10, 20, 30]
     assert set(agreed) == {None, signal.SIGTERM} and reduced == [0, 0, 0]

@@ -40,7 +40,7 @@ def test_changed_data_is_named_before_any_step(recorded):
 
 
 def test_changed_code_is_caught_at_the_step_it_changes(recorded, monkeypatch):
-    original = Trainer._train_step
+    original = Trainer.train_step
 
     def nudged(self, images, labels):
         if self.position.step == 6:  # the 7th step sees one wrong label
@@ -48,7 +48,7 @@ def test_changed_code_is_caught_at_the_step_it_changes(recorded, monkeypatch):
             labels[0] = (labels[0] + 1) % 10
         return original(self, images, labels)
 
-    monkeypatch.setattr(Trainer, "_train_step", nudged)
+    monkeypatch.setattr(Trainer, "train_step", nudged)
     verdict = verify.verify(recorded)
     assert verdict.divergence.startswith("step 7: loss"), verdict.divergence
 

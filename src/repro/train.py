@@ -21,22 +21,18 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from repro import build, config, launch
+from repro import config, launch
 from repro.data import fingerprint
-from repro.engine import history, preflight, resume
+from repro.engine import assembly, history, resume
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog, plot_curves
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
 from repro.errors import UserError, exit_with, one_line
 from repro.files import write_json_atomic, write_text_atomic
-from repro.runtime import compilation, determinism, distributed, environment, seeding, threads
-from repro.runtime.memory_format import MemoryFormat
-from repro.runtime.precision import Precision
-from repro.runtime.transfer import reuse_host_memory, select_device, use_pinned_memory
+from repro.runtime import determinism, distributed, environment, seeding
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.callback import SweepReport
 
@@ -50,125 +46,118 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """One training run into `run_dir`; returns what summary.json holds."""
     started = time.perf_counter()
     config.validate(cfg)
-
-    # Knobs that must be in place before any tensor is made. Under torchrun, rank 0 alone
-    # writes files; every rank computes.
-    dist = distributed.from_environment()
+    dist = distributed.from_environment()  # under torchrun every rank computes, rank 0 writes
     distributed.init(dist)
-    device = distributed.device_for(dist, select_device(cfg.trainer.device))
-    determinism.apply(cfg.cudnn, device)  # first: cuBLAS reads its workspace when CUDA starts
-    precision = Precision(cfg.amp.mode, device)
-    reuse_host_memory()
-    threads.apply(cfg.trainer.num_threads)
-    compilation.forget_earlier_runs()
-    memory_format = MemoryFormat(cfg.memory_format.name)
+    knobs = assembly.apply_knobs(cfg, dist)
 
-    # A checkpoint to continue from decides the seed of a seed=random run.
+    # A checkpoint to continue from decides the seed, and must fit the config.
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.keep_checkpoints)
     state = resume.find(cfg.trainer.resume, checkpointer)
+    cfg.seed.value = root_seed = _root_seed(cfg, state, dist)
     if state:
-        resume.check_seed(state, cfg.seed)
-    root_seed = state["root_seed"] if state else seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
-    root_seed = distributed.broadcast(root_seed, dist)  # one draw of seed=random for all ranks
-    cfg.seed.value = root_seed
-    # What this machine made of the config: a resume must not change it.
-    resolved = {"device": device.type, "amp": precision.mode, "memory_format": memory_format.name}
-    if state:
-        resume.check_compatible(state, cfg, resolved)
+        resume.check_compatible(state, cfg, knobs.resolved())
     seeding.seed_globals(root_seed, rank=dist.rank)
 
-    # Data and model.
-    data = build.splits(cfg, root_seed)
-    data_fingerprint = fingerprint.fingerprint(data, cfg.data.root)
-    pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
-    train_loader, sampler, val_loader = build.loaders(
-        cfg, data, pin_memory, root_seed, dist.rank, dist.world, device
-    )
-    model = build.model(cfg, root_seed)
-    preflight.check_classes(model, data, cfg.data.image_size)
-    model = memory_format.model(model.to(device))
-    forward_model = build.data_parallel(model, cfg.trainer.sync_batchnorm, dist, device)
-    if cfg.trainer.compile:
-        # The DDP wrapper, not the model inside: gradient all-reduces overlap the backward pass.
-        compilation.compile_in_place(forward_model)
-    optimizer = build.optimizer(cfg, model.parameters(), precision)
-    total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
-    if cfg.trainer.max_steps is not None:
-        total_steps = min(total_steps, cfg.trainer.max_steps)
-    scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
-    if state:
-        done_steps = resume.check_length(state, total_steps)
-        if history.already_complete(run_dir, done_steps, total_steps):
-            return {**read_summary(run_dir), "already_complete": True}
+    parts = assembly.build_parts(cfg, knobs, root_seed)
+    data_fingerprint = fingerprint.fingerprint(parts.data, cfg.data.root)
+    if state and _already_complete(run_dir, state, parts.total_steps):
+        return {**read_summary(run_dir), "already_complete": True}
 
     # From here on the run writes into its folder: first, this attempt's line in its history.
     run_history = history.RunHistory(run_dir)
     if dist.is_main:
         run_history.begin(cfg, start_step=state["position"]["step"] if state else 0)
-    config_values = OmegaConf.to_container(cfg, resolve=True)
-    if dist.is_main:
         write_text_atomic(run_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    trainer = Trainer(
-        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
-        memory_format=memory_format, to_device=build.device_batches(cfg, device),
-        train_loader=train_loader, sampler=sampler, val_loader=val_loader,
-        checkpointer=checkpointer,
-        metrics=MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main),
-        fingerprints=run_dir / "fingerprints.csv", trainer_cfg=cfg.trainer,
-        logger_cfg=cfg.logger,
-        extra_state={"config": config_values, "root_seed": root_seed, "resolved": resolved},
-        total_steps=total_steps, dist=dist, forward_model=forward_model,
-    )  # fmt: skip
-    if state:
-        trainer.load_state_dict(state)
-    if dist.is_main:
-        resume.truncate_logs(run_dir, trainer.position.step)  # drop rows a killed attempt wrote
-    if state:
-        pos = trainer.position
-        log.info(
-            "resumed from %s at epoch %d, batch %d, step %d",
-            state["loaded_from"], pos.epoch, pos.batch, pos.step,
-        )  # fmt: skip
-
-    log.info(
-        "training %s on %s | %d train / %d val images | %d steps | seed %d | amp %s | %s",
-        cfg.model._target_.rsplit(".", 1)[-1], device, len(data.train), len(data.val),
-        total_steps, root_seed, precision.mode, memory_format.name,
-    )  # fmt: skip
+    metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main)
+    outputs = assembly.Outputs(checkpointer, metrics, run_dir / "fingerprints.csv")
+    saved = {"config": OmegaConf.to_container(cfg, resolve=True), "root_seed": root_seed}
+    trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
+    _start(trainer, state, run_dir)
+    log.info("training %s", _describe(cfg, parts, knobs))
     try:
-        final = trainer.fit()
+        trainer.fit()
     except BaseException as error:
         if dist.is_main:
             run_history.end(f"failed: {one_line(error)}", trainer.position.step)
         raise
     trainer.metrics.close()
 
-    summary = {
-        **final,
-        "seed": root_seed,
-        "weights_sha256": weights_sha256(model),
-        "wall_s": time.perf_counter() - started,
-        "total_steps": total_steps,
-        "step": trainer.position.step,
-        "completed": trainer.position.step >= total_steps,
-        "stopped_by_signal": trainer.stopped_by,
-        "resumed_from_step": state["position"]["step"] if state else None,
-        "amp": precision.mode,
-        "amp_emulated": precision.emulated,
-        "memory_format": memory_format.name,
-        "pin_memory": pin_memory,
-        "flags": determinism.snapshot(),
-        "env": environment.describe(device),
-        "data": data_fingerprint,
-        "world_size": dist.world,
-    }
+    summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
     if dist.is_main:
-        write_json_atomic(run_dir / "summary.json", summary)
-        run_history.end(_result(summary), trainer.position.step)
-        if cfg.logger.plot and (run_dir / "metrics.csv").exists():
-            plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+        _write_records(run_dir, summary, run_history, cfg)
     distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
     return summary
+
+
+def _root_seed(cfg: DictConfig, state: dict | None, dist: distributed.Context) -> int:
+    """The checkpoint's seed when resuming (a fixed seed asked for must match it), else the
+    config's or, with seed=random, one drawn once and shared by every rank."""
+    if state:
+        resume.check_seed(state, cfg.seed)
+        return int(state["root_seed"])
+    seed = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
+    return distributed.broadcast(seed, dist)
+
+
+def _already_complete(run_dir: Path, state: dict, total_steps: int) -> bool:
+    """A finished run rerun as it was: nothing to do. A shorter one is refused."""
+    done_steps = resume.check_length(state, total_steps)
+    return history.already_complete(run_dir, done_steps, total_steps)
+
+
+def _start(trainer: Trainer, state: dict | None, run_dir: Path) -> None:
+    """Load the resume state and drop the log rows a killed attempt wrote after it."""
+    if state:
+        trainer.load_state_dict(state)
+    if trainer.dist.is_main:
+        resume.truncate_logs(run_dir, trainer.position.step)
+    if state:
+        pos = trainer.position
+        where = f"at epoch {pos.epoch}, batch {pos.batch}, step {pos.step}"
+        log.info("resumed from %s %s", state["loaded_from"], where)
+
+
+def _describe(cfg: DictConfig, parts: assembly.Parts, knobs: assembly.Knobs) -> str:
+    model = cfg.model._target_.rsplit(".", 1)[-1]
+    images = f"{len(parts.data.train)} train / {len(parts.data.val)} val images"
+    settings = f"seed {cfg.seed.value} | amp {knobs.precision.mode} | {knobs.memory_format.name}"
+    return f"{model} on {knobs.device} | {images} | {parts.total_steps} steps | {settings}"
+
+
+def _summary(
+    trainer: Trainer, parts: assembly.Parts, knobs: assembly.Knobs, started: float, state: Any
+) -> dict[str, Any]:
+    """What summary.json holds, but the data fingerprint: the last evaluation and how the run
+    got there. `started` is the `time.perf_counter()` of this process's start of training."""
+    position = trainer.position
+    return {
+        **trainer.last_eval,
+        "seed": trainer.extra_state["root_seed"],
+        "weights_sha256": weights_sha256(trainer.model),
+        "wall_s": time.perf_counter() - started,
+        "total_steps": trainer.total_steps,
+        "step": position.step,
+        "completed": position.step >= trainer.total_steps,
+        "stopped_by_signal": trainer.stopped_by,
+        "resumed_from_step": state["position"]["step"] if state else None,
+        "amp": knobs.precision.mode,
+        "amp_emulated": knobs.precision.emulated,
+        "memory_format": knobs.memory_format.name,
+        "pin_memory": parts.pin_memory,
+        "flags": determinism.snapshot(),
+        "env": environment.describe(knobs.device),
+        "world_size": knobs.dist.world,
+    }
+
+
+def _write_records(
+    run_dir: Path, summary: dict[str, Any], run_history: history.RunHistory, cfg: DictConfig
+) -> None:
+    """summary.json, the attempt's result in the run history, and the curves."""
+    write_json_atomic(run_dir / "summary.json", summary)
+    run_history.end(_result(summary), summary["step"])
+    if cfg.logger.plot and (run_dir / "metrics.csv").exists():
+        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
 
 
 def _result(summary: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ device-aware clocks, peak memory, percentiles, and the table in bench.json and b
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import gc
 import json
@@ -21,23 +22,19 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from repro import build
 from repro.data.datasets import Splits
 from repro.data.loader import EpochBatches, close
+from repro.engine import assembly
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog
 from repro.engine.loop import Trainer
 from repro.files import write_json_atomic
-from repro.runtime import compilation, determinism
-from repro.runtime.memory_format import MemoryFormat
-from repro.runtime.precision import Precision
+from repro.runtime import distributed
 from repro.runtime.seeding import seed_globals
-from repro.runtime.transfer import reuse_host_memory, select_device, use_pinned_memory
 
 
 @dataclass
@@ -60,44 +57,28 @@ class Result:
 
 
 def trainer(
-    cfg: DictConfig, data: Splits, folder: Path, total_steps: int, cls: type[Trainer] = Trainer
+    cfg: DictConfig, data: Splits, folder: Path, total_steps: int, loop: type[Trainer] = Trainer
 ) -> Trainer:
-    """A Trainer assembled from `cfg` the way train.py assembles one (no resume, no files
-    beyond `folder`): its `_train_step`, loaders and `to_device` are what training runs."""
-    device = select_device(cfg.trainer.device)
-    determinism.apply(cfg.cudnn, device)  # first: cuBLAS reads its workspace when CUDA starts
-    precision = Precision(cfg.amp.mode, device)
-    reuse_host_memory()
-    compilation.forget_earlier_runs()  # every row starts afresh, far from the recompile limit
-    memory_format = MemoryFormat(cfg.memory_format.name)
+    """A Trainer for `total_steps` steps on `data` (built once per suite), assembled by
+    `engine.assembly` as train.py assembles one: what is measured is what trains. No resume;
+    nothing written outside `folder`."""
+    cfg = copy.deepcopy(cfg)
+    # Exactly `total_steps` steps, and a schedule over them: every epoch has one batch or more.
+    cfg.trainer.epochs = cfg.trainer.max_steps = total_steps
+    knobs = assembly.apply_knobs(cfg, distributed.Context())
     seed = int(cfg.seed.value)
     seed_globals(seed)
-    pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
-    train_loader, sampler, val_loader = build.loaders(cfg, data, pin_memory, seed, device=device)
-    model = memory_format.model(build.model(cfg, seed).to(device))
-    if cfg.trainer.compile:
-        compilation.compile_in_place(model)
-    optimizer = build.optimizer(cfg, model.parameters(), precision)
-    scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
+    parts = assembly.build_parts(cfg, knobs, seed, data)
     folder.mkdir(parents=True, exist_ok=True)
-    return cls(
-        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
-        memory_format=memory_format, to_device=build.device_batches(cfg, device),
-        train_loader=train_loader, sampler=sampler, val_loader=val_loader,
-        checkpointer=Checkpointer(folder / "checkpoints", 1),
-        metrics=MetricsLog(folder, False), fingerprints=folder / "fingerprints.csv",
-        trainer_cfg=cfg.trainer, logger_cfg=cfg.logger, extra_state={}, total_steps=total_steps,
-    )  # fmt: skip
+    checkpointer = Checkpointer(folder / "checkpoints", 1)
+    outputs = assembly.Outputs(checkpointer, MetricsLog(folder, False), folder / "fingerprints.csv")
+    return assembly.trainer(cfg, knobs, parts, outputs, {}, loop)
 
 
 def release(trainer: Trainer) -> None:
     """Stop the trainer's loader workers."""
     close(trainer.train_loader)
     close(trainer.val_loader)
-
-
-def device_of(trainer: Trainer) -> torch.device:
-    return next(trainer.model.parameters()).device
 
 
 def endless(loader: Any, sampler: EpochBatches, epoch: int = 0) -> Iterator[Any]:

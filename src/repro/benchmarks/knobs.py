@@ -3,7 +3,7 @@
 A grid over memory format x amp x loader (DataLoader workers, or the device-resident loader)
 x pinned memory x cuDNN benchmarking x torch.compile. Each row builds the training objects
 as train.py does, runs `suite.warmup_steps` untimed steps, then `suite.timed_steps` timed
-ones through `Trainer._train_step`, and reports images per second, the step time (median,
+ones through `Trainer.train_step`, and reports images per second, the step time (median,
 p10, p90: on CUDA between CUDA events, so without a sync per step), the fraction of wall
 time spent waiting for the next batch (fetch and copy to the device, as metrics.csv counts
 it), peak memory, and the speed-up over the plain row (contiguous, fp32, no pinning, no
@@ -83,7 +83,7 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
     source = common.endless(trainer.train_loader, trainer.sampler)
     try:
         for _ in range(warmup):
-            trainer._train_step(*trainer.to_device(*next(source)))
+            trainer.train_step(*trainer.to_device(*next(source)))
         clock = common.Clock(device)
         clock.sync()
         waits, images = [], 0
@@ -93,7 +93,7 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
             fetch = time.perf_counter()
             batch, labels = trainer.to_device(*next(source))
             waits.append(time.perf_counter() - fetch)
-            trainer._train_step(batch, labels)
+            trainer.train_step(batch, labels)
             images += len(labels)
             clock.mark()
         clock.sync()

@@ -46,20 +46,20 @@ COLUMNS = [
 class TemplateLoop(Trainer):
     """The real loop, minus the end-of-run evaluation and checkpoint (losses still flushed)."""
 
-    def _evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
-        self._flush_losses(losses)
+    def evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
+        self.flush_losses(losses)
         _, wait = throughput.read()
         self.last_eval = {"step": self.position.step, "data_wait_frac": wait}
 
-    def _checkpoint(self, losses: list[torch.Tensor]) -> None:
-        self._flush_losses(losses)
+    def checkpoint(self, losses: list[torch.Tensor]) -> None:
+        self.flush_losses(losses)
 
 
 def template(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float:
     trainer.position, trainer.total_steps, trainer.last_eval = Position(epoch=epoch), steps, {}
     clock.sync()
     started = time.perf_counter()
-    trainer._fit()
+    trainer.run()
     clock.sync()
     return time.perf_counter() - started
 
@@ -68,10 +68,10 @@ def bare(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float
     """A plain loop over the trainer's own objects; nothing of the template's bookkeeping."""
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     scaler, dtype = trainer.precision.scaler, trainer.precision.dtype
-    device = common.device_of(trainer)
+    device = trainer.device
     norm = trainer.to_device  # only its precomputed scale and shift tensors are used
     channels_last = trainer.memory_format.format is torch.channels_last
-    smoothing, clip = trainer.trainer_cfg.label_smoothing, trainer.trainer_cfg.grad_clip
+    smoothing, clip = trainer.settings.label_smoothing, trainer.settings.grad_clip
     loader = getattr(trainer.train_loader, "wrapped", trainer.train_loader)  # the DataLoader
     trainer.sampler.set_epoch(epoch)
     clock.sync()
@@ -105,11 +105,11 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     pairs, steps, warmup = int(suite.pairs), int(suite.steps), int(suite.warmup_steps)
     data = build.splits(cfg, int(cfg.seed.value))
     total = 2 * (warmup + pairs * steps)
-    trainer = common.trainer(cfg, data, run_dir / "template", total, cls=TemplateLoop)
+    trainer = common.trainer(cfg, data, run_dir / "template", total, loop=TemplateLoop)
     per_epoch = trainer.sampler.batches_per_epoch()
     steps = min(steps, per_epoch)
     batch = int(trainer.sampler.batch_size)
-    clock = common.Clock(common.device_of(trainer))
+    clock = common.Clock(trainer.device)
     loops = {"template": template, "bare": bare}
     rows: list[dict[str, Any]] = []
     ratios = []

@@ -8,13 +8,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 from torch.utils.data import DataLoader
@@ -52,6 +49,40 @@ class Position:
     loss_count: int = 0
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop reads from the config, as plain values read once: a DictConfig read costs
+    microseconds, and the loop reads several on every step."""
+
+    label_smoothing: float = 0.0
+    grad_clip: float | None = None
+    eval_every_epochs: int = 1
+    eval_every_steps: int | None = None
+    checkpoint_every_steps: int | None = None
+    halt_at_step: int | None = None
+    save_checkpoints: bool = True
+    sync_debug: bool = False
+    fingerprint_every_steps: int = 50
+    progress: str = "auto"
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LoopSettings:
+        """From a run's config: its `trainer` and `logger` sections."""
+        trainer, logger = cfg.trainer, cfg.logger
+        return cls(
+            label_smoothing=float(trainer.label_smoothing),
+            grad_clip=trainer.grad_clip,
+            eval_every_epochs=int(trainer.eval_every_epochs),
+            eval_every_steps=trainer.eval_every_steps,
+            checkpoint_every_steps=trainer.checkpoint_every_steps,
+            halt_at_step=trainer.halt_at_step,
+            save_checkpoints=bool(trainer.save_checkpoints),
+            sync_debug=bool(trainer.sync_debug),
+            fingerprint_every_steps=int(logger.fingerprint_every_steps),
+            progress=str(logger.progress),
+        )
+
+
 @dataclass
 class Trainer:
     model: nn.Module
@@ -66,15 +97,18 @@ class Trainer:
     checkpointer: Checkpointer
     metrics: MetricsLog
     fingerprints: Path
-    trainer_cfg: Any
-    logger_cfg: Any
+    settings: LoopSettings
     extra_state: dict[str, Any]  # the config and seed, stored in every checkpoint
     total_steps: int
     dist: distributed.Context = field(default_factory=distributed.Context)
-    forward_model: nn.Module | None = None  # the DDP wrapper under torchrun, else the model
+    forward_model: nn.Module | None = None  # the DDP wrapper under torchrun; None: the model
     position: Position = field(default_factory=Position)
     last_eval: dict[str, float] = field(default_factory=dict)
     stopped_by: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.forward_model is None:
+            self.forward_model = self.model
 
     # ---- state -------------------------------------------------------------------------
 
@@ -117,20 +151,20 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
+        """Train to the end (or a stop signal, or `halt_at_step`); the last evaluation row."""
         try:
-            return self._fit()
+            return self.run()
         finally:
-            if self._options.sync_debug and self.device.type == "cuda":
+            if self.settings.sync_debug and self.device.type == "cuda":
                 torch.cuda.set_sync_debug_mode(0)
             close(self.train_loader)
             close(self.val_loader)
             self.checkpointer.wait()  # the run ends with its last checkpoint on disk
 
-    def _fit(self) -> dict[str, float]:
-        cfg = self._options
-        fingerprint_every = int(self.logger_cfg.fingerprint_every_steps)
+    def run(self) -> dict[str, float]:
+        """The loop itself, without closing the loaders or waiting for the last checkpoint."""
         batches_per_epoch = self.sampler.batches_per_epoch()
-        watch_syncs = cfg.sync_debug and self.device.type == "cuda"
+        watch_syncs = self.settings.sync_debug and self.device.type == "cuda"
         self.model.train()
         with StopRequest() as stop, self._progress() as progress:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
@@ -144,7 +178,7 @@ class Trainer:
                     waited = time.perf_counter()
                     images, labels = self.to_device(*next(batches))
                     throughput.waited(time.perf_counter() - waited, len(labels))
-                    losses.append(self._train_step(images, labels))
+                    losses.append(self.train_step(images, labels))
                     pos.batch += 1
                     pos.step += 1
                     if not progress.disable:
@@ -153,34 +187,45 @@ class Trainer:
                     if watch_syncs:  # from the second step: the first compiles and autotunes
                         torch.cuda.set_sync_debug_mode("warn")
                         watch_syncs = False
-                    if pos.step % fingerprint_every == 0:
-                        self._flush_losses(losses)  # with a weights hash at this step
-                    if pos.batch == batches_per_epoch:
+                    if pos.step % self.settings.fingerprint_every_steps == 0:
+                        self.flush_losses(losses)  # with a weights hash at this step
+                    epoch_ended = pos.batch == batches_per_epoch
+                    if epoch_ended:
                         pos.epoch, pos.batch = pos.epoch + 1, 0
-                        if pos.epoch % cfg.eval_every_epochs == 0 or self._finished():
-                            self._evaluate_and_log(losses, throughput)
-                        self._checkpoint(losses)
-                    elif cfg.eval_every_steps and pos.step % cfg.eval_every_steps == 0:
-                        self._evaluate_and_log(losses, throughput)
-                    if cfg.checkpoint_every_steps and pos.step % cfg.checkpoint_every_steps == 0:
-                        self._checkpoint(losses)
-                    signum = self._agreed_signal(stop)
-                    if signum is not None or pos.step == cfg.halt_at_step:
-                        self._checkpoint(losses)
+                    if self._evaluate_now(epoch_ended):
+                        self.evaluate_and_log(losses, throughput)
+                    if self._checkpoint_now(epoch_ended):
+                        self.checkpoint(losses)
+                    signum = self.agreed_signal(stop)
+                    if signum is not None or pos.step == self.settings.halt_at_step:
+                        self.checkpoint(losses)
                         self.stopped_by = signum
                         return self.last_eval
                     if self._finished():
                         break
                 del batches  # end this epoch's iterator before the next one starts
             if not self.last_eval or self.last_eval["step"] != self.position.step:
-                self._evaluate_and_log(losses, throughput)
-                self._checkpoint(losses)
+                self.evaluate_and_log(losses, throughput)
+                self.checkpoint(losses)
         return self.last_eval
 
     def _finished(self) -> bool:
         return self.position.step >= self.total_steps
 
-    def _agreed_signal(self, stop: StopRequest) -> int | None:
+    def _evaluate_now(self, epoch_ended: bool) -> bool:
+        """At the end of every `eval_every_epochs`-th epoch (and of the last one), or every
+        `eval_every_steps` steps inside an epoch."""
+        every_steps, step = self.settings.eval_every_steps, self.position.step
+        if epoch_ended:
+            return self.position.epoch % self.settings.eval_every_epochs == 0 or self._finished()
+        return bool(every_steps) and step % every_steps == 0
+
+    def _checkpoint_now(self, epoch_ended: bool) -> bool:
+        """At the end of every epoch, and every `checkpoint_every_steps` steps."""
+        every_steps = self.settings.checkpoint_every_steps
+        return epoch_ended or (bool(every_steps) and self.position.step % every_steps == 0)
+
+    def agreed_signal(self, stop: StopRequest) -> int | None:
         """The stop signal, if any rank got one: all ranks must stop at the same step. Under
         torchrun the ranks agree every SIGNAL_SYNC_STEPS steps only: an all-reduce read on
         the host waits for the GPU, and doing it every step would drain its queue each time."""
@@ -192,19 +237,12 @@ class Trainer:
         signum = int(distributed.max_tensor(flag, self.dist).item())
         return signum or None
 
-    @cached_property
-    def _options(self) -> Any:
-        """The trainer config as plain values, read once: a DictConfig read costs microseconds,
-        and the loop reads several on every step."""
-        if isinstance(self.trainer_cfg, DictConfig):
-            return SimpleNamespace(**OmegaConf.to_container(self.trainer_cfg, resolve=True))
-        return self.trainer_cfg
-
-    def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        smoothing, grad_clip = self._options.label_smoothing, self._options.grad_clip
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on a batch already on the device; the loss, left on the device."""
+        smoothing, grad_clip = self.settings.label_smoothing, self.settings.grad_clip
         images = self.memory_format.batch(images)
         with self.precision.autocast():
-            logits = (self.forward_model or self.model)(images)
+            logits = self.forward_model(images)
             loss = nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.precision.scaler
@@ -219,7 +257,7 @@ class Trainer:
 
     # ---- bookkeeping -------------------------------------------------------------------
 
-    def _flush_losses(self, losses: list[torch.Tensor]) -> None:
+    def flush_losses(self, losses: list[torch.Tensor]) -> None:
         """Write pending per-step losses to the fingerprint log; stop on a non-finite one.
 
         Losses stay on the device between flushes so that steps never wait for the host.
@@ -241,7 +279,7 @@ class Trainer:
                 )
             lines.append(f"{step},{value!r},")
         if self.dist.is_main:
-            if self.position.step % self.logger_cfg.fingerprint_every_steps == 0:
+            if self.position.step % self.settings.fingerprint_every_steps == 0:
                 lines[-1] += weights_sha256(self.model)
             with self.fingerprints.open("a") as handle:
                 handle.write("\n".join(lines) + "\n")
@@ -249,13 +287,15 @@ class Trainer:
         self.position.loss_count += len(values)
         losses.clear()
 
-    def _checkpoint(self, losses: list[torch.Tensor]) -> None:
-        self._flush_losses(losses)
-        if self.trainer_cfg.save_checkpoints:
+    def checkpoint(self, losses: list[torch.Tensor]) -> None:
+        """Flush the pending losses, then save (unless `save_checkpoints` is off)."""
+        self.flush_losses(losses)
+        if self.settings.save_checkpoints:
             self.save()
 
-    def _evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
-        self._flush_losses(losses)
+    def evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
+        """Flush the pending losses, evaluate, and write the metrics row and the log line."""
+        self.flush_losses(losses)
         images_per_s, wait_fraction = throughput.read()
         images_per_s *= self.dist.world  # every rank trains as many images
         # The metric is the checkpointed model's: rank 0's, buffers included.
@@ -290,7 +330,7 @@ class Trainer:
         throughput.reset()
 
     def _progress(self) -> Progress:
-        enabled = {"on": True, "off": False}.get(self.logger_cfg.progress, sys.stdout.isatty())
+        enabled = {"on": True, "off": False}.get(self.settings.progress, sys.stdout.isatty())
         return Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeRemainingColumn(), disable=not enabled, transient=True,

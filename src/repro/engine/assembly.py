@@ -1,0 +1,148 @@
+"""One assembly of a run, shared by training and the benchmarks, so that what is measured is
+what trains: the knobs applied in their order, then data, model, optimizer and schedule.
+
+`apply_knobs` comes before anything makes a tensor; `build` draws the model's weights from the
+seeded generators, so the order of its steps is part of every run's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torch.utils.data import DataLoader
+
+from repro import build
+from repro.data.datasets import Splits
+from repro.data.loader import EpochBatches
+from repro.engine import preflight
+from repro.engine.checkpoint import Checkpointer
+from repro.engine.loggers import MetricsLog
+from repro.engine.loop import LoopSettings, Trainer
+from repro.runtime import compilation, determinism, distributed, threads
+from repro.runtime.memory_format import MemoryFormat
+from repro.runtime.precision import Precision
+from repro.runtime.transfer import reuse_host_memory, select_device, use_pinned_memory
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """This process's place in the job, and what this machine made of the config's device,
+    precision and layout settings."""
+
+    dist: distributed.Context
+    device: torch.device
+    precision: Precision
+    memory_format: MemoryFormat
+
+    def resolved(self) -> dict[str, str]:
+        """The values a resume must find unchanged (stored in every checkpoint)."""
+        return {
+            "device": self.device.type,
+            "amp": self.precision.mode,
+            "memory_format": self.memory_format.name,
+        }
+
+
+@dataclass
+class Parts:
+    """The training objects of one run, before the Trainer ties them together."""
+
+    data: Splits
+    pin_memory: bool
+    train_loader: DataLoader
+    sampler: EpochBatches
+    val_loader: DataLoader
+    model: nn.Module
+    forward_model: nn.Module  # the DDP wrapper under torchrun, else the model
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    total_steps: int
+
+
+def apply_knobs(cfg: Any, dist: distributed.Context) -> Knobs:
+    """The settings that must be in place before any tensor is made, in their order."""
+    device = distributed.device_for(dist, select_device(cfg.trainer.device))
+    determinism.apply(cfg.cudnn, device)  # first: cuBLAS reads its workspace when CUDA starts
+    precision = Precision(cfg.amp.mode, device)
+    reuse_host_memory()
+    threads.apply(cfg.trainer.num_threads)
+    compilation.forget_earlier_runs()  # a sequential multirun or a bench row starts afresh
+    return Knobs(dist, device, precision, MemoryFormat(cfg.memory_format.name))
+
+
+def build_parts(cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = None) -> Parts:
+    """Data (unless a caller that reuses it passes it in), loaders, model (checked against
+    the data), optimizer and schedule."""
+    data = data or build.splits(cfg, root_seed)
+    pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, knobs.device)
+    train_loader, sampler, val_loader = build.loaders(
+        cfg, data, pin_memory, root_seed, knobs.dist.rank, knobs.dist.world, knobs.device
+    )
+    model = build.model(cfg, root_seed)
+    preflight.check_classes(model, data, cfg.data.image_size)
+    model = knobs.memory_format.model(model.to(knobs.device))
+    forward_model = build.data_parallel(model, cfg.trainer.sync_batchnorm, knobs.dist, knobs.device)
+    if cfg.trainer.compile:
+        # The DDP wrapper, not the model inside: gradient all-reduces overlap the backward pass.
+        compilation.compile_in_place(forward_model)
+    optimizer = build.optimizer(cfg, model.parameters(), knobs.precision)
+    total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
+    if cfg.trainer.max_steps is not None:
+        total_steps = min(total_steps, cfg.trainer.max_steps)
+    scheduler = instantiate(cfg.scheduler, optimizer=optimizer, total_steps=total_steps)
+    loaders = {"train_loader": train_loader, "sampler": sampler, "val_loader": val_loader}
+    return Parts(
+        data=data,
+        pin_memory=pin_memory,
+        **loaders,
+        model=model,
+        forward_model=forward_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        total_steps=total_steps,
+    )
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a Trainer writes: checkpoints, the metrics log and the fingerprint log."""
+
+    checkpointer: Checkpointer
+    metrics: MetricsLog
+    fingerprints: Path
+
+
+def trainer(
+    cfg: Any,
+    knobs: Knobs,
+    parts: Parts,
+    outputs: Outputs,
+    extra_state: dict[str, Any],
+    loop: type[Trainer] = Trainer,  # a benchmark's variant of the loop
+) -> Trainer:
+    """The loop over `parts`. Every checkpoint holds `extra_state` (the config and the seed)
+    and the values a resume must find unchanged (`Knobs.resolved`)."""
+    return loop(
+        model=parts.model,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        precision=knobs.precision,
+        memory_format=knobs.memory_format,
+        to_device=build.device_batches(cfg, knobs.device),
+        train_loader=parts.train_loader,
+        sampler=parts.sampler,
+        val_loader=parts.val_loader,
+        checkpointer=outputs.checkpointer,
+        metrics=outputs.metrics,
+        fingerprints=outputs.fingerprints,
+        settings=LoopSettings.from_config(cfg),
+        extra_state={**extra_state, "resolved": knobs.resolved()},
+        total_steps=parts.total_steps,
+        dist=knobs.dist,
+        forward_model=parts.forward_model,
+    )
