@@ -54,8 +54,9 @@ def optimizer(cfg: Any, params: Any, precision: Precision) -> torch.optim.Optimi
         else:
             log.warning(
                 "amp=fp16 with %s (no fused form): GradScaler reads its inf flag on the host "
-                "every step, a wait for the GPU", target.__name__,
-            )  # fmt: skip
+                "every step, a wait for the GPU",
+                target.__name__,
+            )
     return instantiate(cfg.optimizer, params=params, **options)
 
 
@@ -87,9 +88,14 @@ def rank_batch_size(cfg: Any, world: int) -> int:
 
 
 def loaders(
-    cfg: Any, data: Splits, pin_memory: bool, root_seed: int, rank: int = 0, world: int = 1,
+    cfg: Any,
+    data: Splits,
+    pin_memory: bool,
+    root_seed: int,
+    rank: int = 0,
+    world: int = 1,
     device: torch.device | None = None,
-) -> tuple[DataLoader, EpochBatches, DataLoader]:  # fmt: skip
+) -> tuple[DataLoader, EpochBatches, DataLoader]:
     """Train loader, its sampler, validation loader; each yields (uint8 images, labels), or
     for CPU training with workers, training images already normalised (`device_batches`)."""
     train_transform, eval_transform = pipelines(cfg.data)
@@ -119,9 +125,15 @@ def loaders(
         allowed = f"at most the {len(data.train)} training images (over all ranks)"
         raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, allowed)
     val = eval_loader(
-        data.val, eval_transform, cfg.trainer.eval_batch_size, dl, pin_memory, root_seed, rank,
+        data.val,
+        eval_transform,
+        cfg.trainer.eval_batch_size,
+        dl,
+        pin_memory,
+        root_seed,
+        rank,
         world,
-    )  # fmt: skip
+    )
     return prefetched(train, prepare, pin_memory), sampler, prefetched(val, prepare, pin_memory)
 
 

@@ -34,9 +34,12 @@ ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size"}
 
 
 def evaluate_checkpoint(
-    ckpt: Path, split: str = "test", device_name: str = "auto", data_root: str | None = None,
+    ckpt: Path,
+    split: str = "test",
+    device_name: str = "auto",
+    data_root: str | None = None,
     batch_size: int | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Loss and accuracy of the checkpoint's model on one split of its dataset."""
     if split not in SPLITS:
         raise ConfigError("split", split, f"choose one of {', '.join(SPLITS)}")
@@ -56,16 +59,23 @@ def evaluate_checkpoint(
     _, eval_transform = build.pipelines(cfg.data)
     cfg.dataloader.persistent_workers = False  # one pass only
     loader = eval_loader(
-        getattr(data, split), eval_transform, batch_size or cfg.trainer.eval_batch_size,
-        cfg.dataloader, use_pinned_memory(cfg.dataloader.pin_memory, device), root_seed,
-    )  # fmt: skip
+        getattr(data, split),
+        eval_transform,
+        batch_size or cfg.trainer.eval_batch_size,
+        cfg.dataloader,
+        use_pinned_memory(cfg.dataloader.pin_memory, device),
+        root_seed,
+    )
     model = build.model(cfg, root_seed)
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device))
     result = evaluate(
-        model, loader, build.device_batches(cfg, device), memory_format.batch,
+        model,
+        loader,
+        build.device_batches(cfg, device),
+        memory_format.batch,
         precision.autocast,
-    )  # fmt: skip
+    )
     return {
         "split": split,
         "images": len(loader.dataset),
@@ -88,9 +98,12 @@ def main(argv: list[str]) -> None:
                 "ckpt", None, "the path of a checkpoint, e.g. ckpt=outputs/.../last.pt"
             )
         result = evaluate_checkpoint(
-            Path(str(args.ckpt)), str(args.get("split", "test")), str(args.get("device", "auto")),
-            OmegaConf.select(args, "data.root"), args.get("batch_size"),
-        )  # fmt: skip
+            Path(str(args.ckpt)),
+            str(args.get("split", "test")),
+            str(args.get("device", "auto")),
+            OmegaConf.select(args, "data.root"),
+            args.get("batch_size"),
+        )
     except UserError as error:
         exit_with(error)
     print(

@@ -190,8 +190,9 @@ def main(cfg: DictConfig) -> float | None:
         print(
             f"already complete: {run_dir} holds all {summary['step']} steps of this config "
             f"(val_acc {summary['val_acc']:.4f}); nothing to do. To train longer, raise "
-            "trainer.epochs or trainer.max_steps.", flush=True,
-        )  # fmt: skip
+            "trainer.epochs or trainer.max_steps.",
+            flush=True,
+        )
         return summary["val_acc"]
     if summary["stopped_by_signal"] is not None and in_sweep:
         log.warning(
@@ -202,17 +203,23 @@ def main(cfg: DictConfig) -> float | None:
         signum = summary["stopped_by_signal"]
         log.warning(
             "stopped by signal %d at step %d, checkpoint saved; to resume, rerun the same "
-            "command with hydra.run.dir=%s", signum, summary["step"], run_dir,
-        )  # fmt: skip
+            "command with hydra.run.dir=%s",
+            signum,
+            summary["step"],
+            run_dir,
+        )
         raise SystemExit(128 + signum)
     if not summary["completed"]:
         log.info("halted after step %d as asked (trainer.halt_at_step)", summary["step"])
         return None
     log.info(
         "done | val_acc %.4f val_loss %.4f | %.1f s | weights_sha256 %s | %s",
-        summary["val_acc"], summary["val_loss"], summary["wall_s"], summary["weights_sha256"][:16],
+        summary["val_acc"],
+        summary["val_loss"],
+        summary["wall_s"],
+        summary["weights_sha256"][:16],
         run_dir,
-    )  # fmt: skip
+    )
     return summary["val_acc"]  # what a hyperparameter sweeper optimises
 
 

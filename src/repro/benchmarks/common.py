@@ -170,9 +170,13 @@ def machine(device: torch.device | None = None) -> dict[str, Any]:
         torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None
     )
     return {
-        "cpu": cpu, "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "gpu": gpu, "python": platform.python_version(), "torch": torch.__version__,
-    }  # fmt: skip
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
 
 
 def train_overrides() -> list[str]:

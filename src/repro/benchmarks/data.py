@@ -101,9 +101,12 @@ def bare_source(
     if workers is None:
         return (bare.make(*batch[0]) for batch in numbered())
     loader = DataLoader(
-        bare, batch_sampler=numbered(), num_workers=workers, pin_memory=pin,
+        bare,
+        batch_sampler=numbered(),
+        num_workers=workers,
+        pin_memory=pin,
         collate_fn=lambda made: made,
-    )  # fmt: skip
+    )
     return iter(loader)
 
 

@@ -51,10 +51,18 @@ COLUMNS = [
 
 # Set by the suite for every run (the seed: the one this command resolved, fixed); the user's
 # overrides of these are left out.
-SUITE_KEYS = (
-    "seed", "trainer.max_steps", "trainer.checkpoint_every_steps", "trainer.resume",
-    "trainer.halt_at_step", "logger.progress", "logger.plot", "hydra",
-)  # fmt: skip
+SUITE_KEYS = tuple(
+    [
+        "seed",
+        "trainer.max_steps",
+        "trainer.checkpoint_every_steps",
+        "trainer.resume",
+        "trainer.halt_at_step",
+        "logger.progress",
+        "logger.plot",
+        "hydra",
+    ]
+)
 
 # The fp16 runs: preset=exact's settings but amp, which the preset pins to off.
 FP16_EXACT = ("cudnn=deterministic", "amp=fp16", "trainer.compile=false")
@@ -105,16 +113,25 @@ class Runner:
         return Runner(self.folder, kept, self.timeout_s)
 
     def train(
-        self, name: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+        self,
+        name: str,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
         processes: int = 1,
-    ) -> Run:  # fmt: skip
+    ) -> Run:
         run_dir = self.folder / name
         launcher = [sys.executable, "-m", "repro.train"]
         if processes > 1:
             launcher = [
-                sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-                "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m", "repro.train",
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc_per_node={processes}",
+                "--rdzv-backend=c10d",
+                "--rdzv-endpoint=localhost:0",
+                "-m",
+                "repro.train",
+            ]
         overrides = merged(self.overrides, list(extra))
         command = [*launcher, *overrides, f"hydra.run.dir={run_dir}"]
         env = {**os.environ, **(env or {})}
@@ -199,10 +216,16 @@ def check_workers(plan: Plan) -> Check:
     if plan.on_cuda:
         worker_runs.append(("workers-2-unpinned", "2", "false"))
     runs = [
-        plan.runner.train(name, ("dataloader.on_device=false", f"dataloader.num_workers={n}",
-                                 f"dataloader.pin_memory={pin}"))
+        plan.runner.train(
+            name,
+            (
+                "dataloader.on_device=false",
+                f"dataloader.num_workers={n}",
+                f"dataloader.pin_memory={pin}",
+            ),
+        )
         for name, n, pin in worker_runs
-    ]  # fmt: skip
+    ]
     return same_weights("workers", [plan.reference, *runs], started)
 
 
@@ -290,9 +313,14 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     exact = ["preset=exact"] if on_cuda and not any(sets(o, ("preset",)) for o in user) else []
     every = int(suite.checkpoint_every_steps)
     base = [
-        *user, *exact, f"seed.value={int(cfg.seed.value)}", f"trainer.max_steps={int(suite.steps)}",
-        f"trainer.checkpoint_every_steps={every}", "logger.progress=off", "logger.plot=false",
-    ]  # fmt: skip
+        *user,
+        *exact,
+        f"seed.value={int(cfg.seed.value)}",
+        f"trainer.max_steps={int(suite.steps)}",
+        f"trainer.checkpoint_every_steps={every}",
+        "logger.progress=off",
+        "logger.plot=false",
+    ]
     runner = Runner(run_dir / "runs", base, float(suite.timeout_s))
 
     reference = runner.train("reference")

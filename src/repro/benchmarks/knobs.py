@@ -30,8 +30,13 @@ from repro.errors import UserError
 from repro.runtime.transfer import select_device
 
 AXES = ("memory_format", "amp", "loader", "pin_memory", "cudnn_benchmark", "compile")
-PLAIN = {"memory_format": "contiguous", "amp": "off", "pin_memory": False,
-         "cudnn_benchmark": False, "compile": False}  # fmt: skip
+PLAIN = {
+    "memory_format": "contiguous",
+    "amp": "off",
+    "pin_memory": False,
+    "cudnn_benchmark": False,
+    "compile": False,
+}
 
 COLUMNS = [
     Column("memory_format", "memory format"),
@@ -57,8 +62,12 @@ def unavailable(axis: str, value: Any, device: torch.device) -> str | None:
         if axis == "amp" and value == "bf16" and not torch.cuda.is_bf16_supported():
             return "n/a: this GPU has no bf16"
         return None
-    needs_cuda = {("pin_memory", True), ("cudnn_benchmark", True), ("compile", True),
-                  ("amp", "fp16")}  # fmt: skip
+    needs_cuda = {
+        ("pin_memory", True),
+        ("cudnn_benchmark", True),
+        ("compile", True),
+        ("amp", "fp16"),
+    }
     return "n/a: needs CUDA" if (axis, value) in needs_cuda else None
 
 
@@ -104,12 +113,13 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
     steps = common.percentiles([1000 * s for s in clock.intervals()])
     return {
         "images_per_s": images / wall,
-        "step_ms_median": steps["median"], "step_ms_p10": steps["p10"],
+        "step_ms_median": steps["median"],
+        "step_ms_p10": steps["p10"],
         "step_ms_p90": steps["p90"],
         "data_wait_frac": sum(waits) / wall,
         "peak_mem_mib": common.peak_memory_mib(device),
         "status": "ok",
-    }  # fmt: skip
+    }
 
 
 def planned_rows(suite: Any, device: torch.device) -> tuple[list[dict[str, Any]], list[dict]]:
@@ -179,7 +189,11 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     }
     notes.append(
         "data wait: share of wall time spent fetching the next batch and copying it to the "
-        "device; peak MiB: " + ("torch.cuda.max_memory_allocated" if device.type == "cuda"
-                                else "peak resident set of this process (VmHWM), workers excluded")
-    )  # fmt: skip
+        "device; peak MiB: "
+        + (
+            "torch.cuda.max_memory_allocated"
+            if device.type == "cuda"
+            else "peak resident set of this process (VmHWM), workers excluded"
+        )
+    )
     return Result("knobs", COLUMNS, rows + na_rows, summary, notes)

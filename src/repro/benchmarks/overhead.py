@@ -122,11 +122,15 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
             ratio = seconds["bare"] / seconds["template"]
             ratios.append(ratio)
             for name in order:
-                rows.append({
-                    "pair": pair, "loop": name, "seconds": seconds[name],
-                    "images_per_s": steps * batch / seconds[name],
-                    "template_over_bare": ratio if name == "template" else None,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "pair": pair,
+                        "loop": name,
+                        "seconds": seconds[name],
+                        "images_per_s": steps * batch / seconds[name],
+                        "template_over_bare": ratio if name == "template" else None,
+                    }
+                )
     finally:
         common.release(trainer)
     speed = {name: [r["images_per_s"] for r in rows if r["loop"] == name] for name in loops}
@@ -137,9 +141,12 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
         / sum(r["seconds"] for r in rows if r["loop"] == "template"),
         "template_images_per_s": statistics.median(speed["template"]),
         "bare_images_per_s": statistics.median(speed["bare"]),
-        "pairs": pairs, "steps_per_repetition": steps, "batch_size": batch,
-        "accept_at_least": ACCEPT, "accepted": median >= ACCEPT,
-    }  # fmt: skip
+        "pairs": pairs,
+        "steps_per_repetition": steps,
+        "batch_size": batch,
+        "accept_at_least": ACCEPT,
+        "accepted": median >= ACCEPT,
+    }
     notes = [
         "template_over_bare: median over the pairs of bare seconds / template seconds for the "
         "same steps (1.0: no overhead); _total: the same over all repetitions together"

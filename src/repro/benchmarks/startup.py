@@ -45,10 +45,16 @@ def time_import(statement: str) -> float:
 
 def time_first_step(overrides: list[str], folder: Path) -> float:
     command = [
-        sys.executable, "-m", "repro.train", *overrides, "trainer.max_steps=1",
-        "logger.fingerprint_every_steps=1", "logger.plot=false", "trainer.resume=never",
+        sys.executable,
+        "-m",
+        "repro.train",
+        *overrides,
+        "trainer.max_steps=1",
+        "logger.fingerprint_every_steps=1",
+        "logger.plot=false",
+        "trainer.resume=never",
         f"hydra.run.dir={folder}",
-    ]  # fmt: skip
+    ]
     started = time.time()
     done = subprocess.run(command, capture_output=True, text=True)
     fingerprints = folder / "fingerprints.csv"

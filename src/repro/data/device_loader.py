@@ -27,9 +27,11 @@ from repro.runtime.seeding import stream_seed
 def _on_device(source: Source, transform: Compose, device: torch.device) -> TensorImages:
     if not isinstance(source, TensorImages):
         raise ConfigError(
-            "dataloader", "device", "needs an in-memory dataset (synthetic, cifar10); "
+            "dataloader",
+            "device",
+            "needs an in-memory dataset (synthetic, cifar10); "
             "use dataloader=default or fast for image files",
-        )  # fmt: skip
+        )
     if not transform.batchable:
         raise ConfigError("data.resize", "set", "null with dataloader=device (no batched resize)")
     return TensorImages(source.images.to(device), source.labels.to(device))
@@ -39,9 +41,13 @@ class DeviceTrainLoader:
     """Shuffled, augmented batches of a device-resident split, in the sampler's order."""
 
     def __init__(
-        self, source: Source, transform: Compose, sampler: EpochBatches, augment_stream: int,
+        self,
+        source: Source,
+        transform: Compose,
+        sampler: EpochBatches,
+        augment_stream: int,
         device: torch.device,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.dataset = _on_device(source, transform, device)
         self.maker = BatchMaker(self.dataset, transform, augment_stream)
         self.sampler = sampler
@@ -61,9 +67,14 @@ class DeviceEvalLoader:
     """A device-resident split in stored order (rank r of `world` takes every world-th image)."""
 
     def __init__(
-        self, source: Source, transform: Compose, batch_size: int, device: torch.device,
-        rank: int = 0, world: int = 1,
-    ) -> None:  # fmt: skip
+        self,
+        source: Source,
+        transform: Compose,
+        batch_size: int,
+        device: torch.device,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         self.dataset = _on_device(source, transform, device)
         self.maker, self.batch_size = BatchMaker(self.dataset, transform), batch_size
         self.indices = torch.arange(rank, len(source), world, device=device)
@@ -77,9 +88,16 @@ class DeviceEvalLoader:
 
 
 def loaders(
-    cfg: Any, data: Splits, train_transform: Compose, eval_transform: Compose, batch_size: int,
-    root_seed: int, device: torch.device, rank: int = 0, world: int = 1,
-) -> tuple[DeviceTrainLoader, EpochBatches, DeviceEvalLoader]:  # fmt: skip
+    cfg: Any,
+    data: Splits,
+    train_transform: Compose,
+    eval_transform: Compose,
+    batch_size: int,
+    root_seed: int,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+) -> tuple[DeviceTrainLoader, EpochBatches, DeviceEvalLoader]:
     """The train loader, its sampler and the validation loader, as `build.loaders` returns them."""
     sampler = EpochBatches(len(data.train), batch_size, root_seed, rank, world)
     if sampler.batches_per_epoch() == 0:

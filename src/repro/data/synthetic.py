@@ -15,8 +15,17 @@ import numpy as np
 import torch
 
 CLASSES = (
-    "disk", "square", "triangle", "ring", "plus", "cross", "diamond", "frame", "stripes", "moon",
-)  # fmt: skip
+    "disk",
+    "square",
+    "triangle",
+    "ring",
+    "plus",
+    "cross",
+    "diamond",
+    "frame",
+    "stripes",
+    "moon",
+)
 SIZE = 32
 _BLOCK = 256  # images rendered at a time: small enough to stay in cache
 _NOISE_SHIFT = 2  # pixel noise: a random byte >> 2, -32..31 grey levels
@@ -72,10 +81,15 @@ def _draw(n: int, seed: int, num_classes: int) -> _Draws:
     foreground = (background + rng.uniform(0.3, 0.7, (n, 3)).astype(np.float32)) % 1.0
     gradient = rng.uniform(-0.25, 0.25, (n, 3, 2)).astype(np.float32)
     return _Draws(
-        labels, centre.astype(np.float32), (np.cos(angle) / radius).astype(np.float32),
-        (np.sin(angle) / radius).astype(np.float32), background, foreground, gradient,
+        labels,
+        centre.astype(np.float32),
+        (np.cos(angle) / radius).astype(np.float32),
+        (np.sin(angle) / radius).astype(np.float32),
+        background,
+        foreground,
+        gradient,
         int(rng.integers(2**63)),
-    )  # fmt: skip
+    )
 
 
 def _render(draws: _Draws, start: int, out: np.ndarray, num_classes: int) -> None:

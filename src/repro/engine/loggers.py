@@ -7,8 +7,15 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "images_per_s", "data_wait_frac",
-)  # fmt: skip
+    "epoch",
+    "step",
+    "train_loss",
+    "val_loss",
+    "val_acc",
+    "lr",
+    "images_per_s",
+    "data_wait_frac",
+)
 
 
 class MetricsLog:

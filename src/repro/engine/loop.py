@@ -21,6 +21,7 @@ from repro.engine import faults
 from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
 from repro.engine.loggers import MetricsLog
 from repro.engine.metrics import Throughput, evaluate, weights_sha256
+from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
 from repro.errors import CheckpointError, UserError
 from repro.runtime import distributed
@@ -47,40 +48,6 @@ class Position:
     step: int = 0
     loss_sum: float = 0.0
     loss_count: int = 0
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """What the loop reads from the config, as plain values read once: a DictConfig read costs
-    microseconds, and the loop reads several on every step."""
-
-    label_smoothing: float = 0.0
-    grad_clip: float | None = None
-    eval_every_epochs: int = 1
-    eval_every_steps: int | None = None
-    checkpoint_every_steps: int | None = None
-    halt_at_step: int | None = None
-    save_checkpoints: bool = True
-    sync_debug: bool = False
-    fingerprint_every_steps: int = 50
-    progress: str = "auto"
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> LoopSettings:
-        """From a run's config: its `trainer` and `logger` sections."""
-        trainer, logger = cfg.trainer, cfg.logger
-        return cls(
-            label_smoothing=float(trainer.label_smoothing),
-            grad_clip=trainer.grad_clip,
-            eval_every_epochs=int(trainer.eval_every_epochs),
-            eval_every_steps=trainer.eval_every_steps,
-            checkpoint_every_steps=trainer.checkpoint_every_steps,
-            halt_at_step=trainer.halt_at_step,
-            save_checkpoints=bool(trainer.save_checkpoints),
-            sync_debug=bool(trainer.sync_debug),
-            fingerprint_every_steps=int(logger.fingerprint_every_steps),
-            progress=str(logger.progress),
-        )
 
 
 @dataclass
@@ -312,11 +279,15 @@ class Trainer:
         train_loss = pos.loss_sum / pos.loss_count if pos.loss_count else float("nan")
         pos.loss_sum, pos.loss_count = 0.0, 0
         self.last_eval = {
-            "epoch": pos.epoch, "step": pos.step, "train_loss": train_loss,
-            "val_loss": result["loss"], "val_acc": result["acc"],
+            "epoch": pos.epoch,
+            "step": pos.step,
+            "train_loss": train_loss,
+            "val_loss": result["loss"],
+            "val_acc": result["acc"],
             "lr": self.optimizer.param_groups[0]["lr"],
-            "images_per_s": images_per_s, "data_wait_frac": wait_fraction,
-        }  # fmt: skip
+            "images_per_s": images_per_s,
+            "data_wait_frac": wait_fraction,
+        }
         if not self.dist.is_main:
             throughput.reset()
             return
@@ -324,14 +295,24 @@ class Trainer:
         log.info(
             "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "
             "%.0f img/s, %.1f%% waiting for data",
-            pos.epoch, pos.step, train_loss, result["loss"], result["acc"],
-            self.last_eval["lr"], images_per_s, 100 * wait_fraction,
-        )  # fmt: skip
+            pos.epoch,
+            pos.step,
+            train_loss,
+            result["loss"],
+            result["acc"],
+            self.last_eval["lr"],
+            images_per_s,
+            100 * wait_fraction,
+        )
         throughput.reset()
 
     def _progress(self) -> Progress:
         enabled = {"on": True, "off": False}.get(self.settings.progress, sys.stdout.isatty())
         return Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeRemainingColumn(), disable=not enabled, transient=True,
-        )  # fmt: skip
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            disable=not enabled,
+            transient=True,
+        )

@@ -17,12 +17,22 @@ log = logging.getLogger(__name__)
 # Keys that may differ between a checkpoint and the resuming run: they change how long the
 # run goes on, how it is observed or how data is loaded, never what an already taken step did.
 MAY_CHANGE = (
-    "trainer.epochs", "trainer.max_steps", "trainer.resume", "trainer.eval_every_epochs",
-    "trainer.eval_every_steps", "trainer.checkpoint_every_steps", "trainer.keep_checkpoints",
-    "trainer.eval_batch_size", "trainer.halt_at_step",
-    "trainer.save_checkpoints", "dataloader.", "logger.", "seed.mode",
-    "data.root", "data.download",
-)  # fmt: skip
+    "trainer.epochs",
+    "trainer.max_steps",
+    "trainer.resume",
+    "trainer.eval_every_epochs",
+    "trainer.eval_every_steps",
+    "trainer.checkpoint_every_steps",
+    "trainer.keep_checkpoints",
+    "trainer.eval_batch_size",
+    "trainer.halt_at_step",
+    "trainer.save_checkpoints",
+    "dataloader.",
+    "logger.",
+    "seed.mode",
+    "data.root",
+    "data.download",
+)
 
 
 def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:

@@ -42,10 +42,14 @@ class GlobalMaxPool(nn.Module):
 
 class ResNet9(nn.Sequential):
     def __init__(
-        self, num_classes: int = 10, widths: tuple[int, int, int, int] = (64, 128, 256, 512),
+        self,
+        num_classes: int = 10,
+        widths: tuple[int, int, int, int] = (64, 128, 256, 512),
         scale: float = 0.125,
-    ) -> None:  # fmt: skip
+    ) -> None:
         prep, first, second, third = widths
+        # One line per stage, as the network is drawn: prep, layer 1 (+ residual), layer 2,
+        # layer 3 (+ residual), head. The formatter would put each module on its own line.
         super().__init__(
             *conv_bn(3, prep),
             *conv_bn(prep, first), nn.MaxPool2d(2), Residual(first),

@@ -40,12 +40,13 @@ class CublasWorkspace:
             usable = self.started_with in DETERMINISTIC_WORKSPACES
             if needed and device.type == "cuda" and not usable:
                 raise ConfigError(
-                    "cudnn.deterministic_algorithms", True,
+                    "cudnn.deterministic_algorithms",
+                    True,
                     f"this process started CUDA with {CUBLAS_VARIABLE}={self.started_with!r} "
                     "(an earlier job in it) and cuBLAS reads it only then: run each job in its "
                     "own process (hydra/launcher=joblib or submitit) or export "
                     f"{CUBLAS_VARIABLE}={CUBLAS_WORKSPACE} before starting",
-                )  # fmt: skip
+                )
             return
         current = os.environ.get(CUBLAS_VARIABLE)
         if needed and current is None:

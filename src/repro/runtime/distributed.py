@@ -69,10 +69,12 @@ def device_for(context: Context, device: torch.device) -> torch.device:
     visible = torch.cuda.device_count()
     if context.local_rank >= visible:
         raise ConfigError(
-            "trainer.device", "cuda", f"one GPU per process: torchrun started local rank "
+            "trainer.device",
+            "cuda",
+            f"one GPU per process: torchrun started local rank "
             f"{context.local_rank} but only {visible} GPU(s) are visible; lower --nproc_per_node "
             "or use trainer.device=cpu",
-        )  # fmt: skip
+        )
     return torch.device("cuda", context.local_rank)
 
 

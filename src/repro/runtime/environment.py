@@ -21,10 +21,24 @@ PROJECT_DIR = SOURCE_DIR.parents[1]  # the checkout: src/repro/ -> the folder ho
 
 # Keys whose difference alone can change a run's numbers: other kernels (CPU capability, the
 # library versions), another device, another split of the sums over threads.
-CHANGES_RESULTS = (
-    "cpu_capability", "cpu_model", "torch", "torchvision", "onednn", "blas", "cuda", "cudnn",
-    "nccl", "device", "device_name", "compute_capability", "gpu_driver", "num_threads",
-)  # fmt: skip
+CHANGES_RESULTS = tuple(
+    [
+        "cpu_capability",
+        "cpu_model",
+        "torch",
+        "torchvision",
+        "onednn",
+        "blas",
+        "cuda",
+        "cudnn",
+        "nccl",
+        "device",
+        "device_name",
+        "compute_capability",
+        "gpu_driver",
+        "num_threads",
+    ]
+)
 
 
 def _run(*command: str, cwd: Path = SOURCE_DIR, exact: bool = False) -> str | None:

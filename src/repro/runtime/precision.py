@@ -47,8 +47,9 @@ class Precision:
         if self.emulated:
             log.warning(
                 "amp=bf16 on %s runs emulated (no native bf16 on this GPU) and slowly; "
-                "amp=fp16 or amp=off is faster here", torch.cuda.get_device_name(device),
-            )  # fmt: skip
+                "amp=fp16 or amp=off is faster here",
+                torch.cuda.get_device_name(device),
+            )
         self.dtype = DTYPES.get(mode)
         # Only fp16 has too narrow a range for gradients; bf16 needs no scaling.
         self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")

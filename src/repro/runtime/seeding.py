@@ -163,8 +163,11 @@ def seed_worker(worker_id: int) -> None:
     # The main process alone answers stop signals (it checkpoints). A worker drops the handler
     # it inherited, ignores Ctrl-C (sent to the whole process group) and keeps SIGTERM's
     # default action, which the DataLoader uses to end workers that do not exit.
-    for name, action in (("SIGINT", signal.SIG_IGN), ("SIGTERM", signal.SIG_DFL),
-                         ("SIGUSR1", signal.SIG_DFL)):  # fmt: skip
+    for name, action in (
+        ("SIGINT", signal.SIG_IGN),
+        ("SIGTERM", signal.SIG_DFL),
+        ("SIGUSR1", signal.SIG_DFL),
+    ):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), action)
     worker_seed = torch.initial_seed() % 2**32

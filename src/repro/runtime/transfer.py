@@ -69,9 +69,12 @@ class DeviceBatches:
     """
 
     def __init__(
-        self, device: torch.device, mean: list[float], std: list[float],
+        self,
+        device: torch.device,
+        mean: list[float],
+        std: list[float],
         memory_format: torch.memory_format = torch.contiguous_format,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.device, self.memory_format = device, memory_format
         self.non_blocking = device.type == "cuda"
         shape = (1, len(mean), 1, 1)
@@ -86,9 +89,11 @@ class DeviceBatches:
         images = images.to(self.device, non_blocking=self.non_blocking)
         labels = labels.to(self.device, non_blocking=self.non_blocking)
         out = torch.empty(
-            images.shape, dtype=torch.float32, device=self.device,
+            images.shape,
+            dtype=torch.float32,
+            device=self.device,
             memory_format=self.memory_format if images.dim() == 4 else torch.contiguous_format,
-        )  # fmt: skip
+        )
         per_image = images[0].numel() if len(images) else 0
         if self.device.type == "cpu" and 0 < per_image <= SERIAL_ELEMENTS:
             return self._serial(images, out), labels

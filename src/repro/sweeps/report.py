@@ -90,10 +90,11 @@ def build(sweep_dir: Path) -> Report:
     for a, b in combinations(values, 2):
         report.comparisons.append(
             {
-                "a": a, "b": b,
+                "a": a,
+                "b": b,
                 **{m: difference_of_means(values[a][m], values[b][m]).as_dict() for m in METRICS},
             }
-        )  # fmt: skip
+        )
     return report
 
 
@@ -141,10 +142,15 @@ def markdown(report: Report) -> str:
 def _job_row(job: Job) -> dict[str, Any]:
     summary = job.summary or {}
     return {
-        "job": job.name, "group": job.group, "overrides": job.overrides,
-        "status": "ok" if job.ok else "failed", "error": job.error, "seed": summary.get("seed"),
-        "weights_sha256": summary.get("weights_sha256"), **{m: summary.get(m) for m in METRICS},
-    }  # fmt: skip
+        "job": job.name,
+        "group": job.group,
+        "overrides": job.overrides,
+        "status": "ok" if job.ok else "failed",
+        "error": job.error,
+        "seed": summary.get("seed"),
+        "weights_sha256": summary.get("weights_sha256"),
+        **{m: summary.get(m) for m in METRICS},
+    }
 
 
 def write(report: Report) -> None:
