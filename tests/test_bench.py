@@ -82,8 +82,19 @@ def test_overhead_suite_compares_the_loop_with_a_bare_one(bench, tmp_path):
     summary = payload["summary"]
     assert finite(summary["template_over_bare"], summary["template_over_bare_total"],
                   summary["template_images_per_s"], summary["bare_images_per_s"])  # fmt: skip
-    assert summary["template_over_bare"] > 0 and isinstance(summary["accepted"], bool)
     assert [row["loop"] for row in payload["rows"]] == ["template", "bare", "bare", "template"]
+    # Each pair's ratio is its bare time over its template time; the summary is their median.
+    ratios = []
+    for pair in (0, 1):
+        rows = {row["loop"]: row for row in payload["rows"] if row["pair"] == pair}
+        ratio = rows["bare"]["seconds"] / rows["template"]["seconds"]
+        assert rows["template"]["template_over_bare"] == pytest.approx(ratio)
+        assert rows["template"]["images_per_s"] / rows["bare"]["images_per_s"] == (
+            pytest.approx(ratio)
+        )
+        ratios.append(ratio)
+    assert summary["template_over_bare"] == pytest.approx(sum(ratios) / 2)
+    assert summary["accepted"] == (summary["template_over_bare"] >= summary["accept_at_least"])
 
 
 def test_startup_suite_from_the_command_line(tmp_path):

@@ -221,6 +221,14 @@ def test_the_summary_says_whether_bf16_was_emulated(tmp_path):
     assert summary["amp"] == "bf16" and summary["amp_emulated"] is False  # CPU bf16 is native
 
 
+def test_only_fp16_gets_a_grad_scaler_on_a_gpu(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    gpu = torch.device("cuda", 0)
+    assert Precision("fp16", gpu).scaler.is_enabled()
+    assert not Precision("bf16", gpu).scaler.is_enabled()
+    assert not Precision("off", gpu).scaler.is_enabled()
+
+
 # ---- fp16 without a host wait per step ----------------------------------------------------
 
 

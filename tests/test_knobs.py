@@ -256,10 +256,11 @@ def test_amp_off_and_auto_on_cpu_run_in_full_precision(tmp_path, recorded_forwar
     assert not any(s["autocast"] for s in recorded_forward)
 
 
-def test_fp16_is_refused_on_cpu_and_gets_a_grad_scaler_on_cuda():
+def test_fp16_is_refused_on_cpu_where_no_mode_scales_the_loss():
     with pytest.raises(ConfigError, match="fp16"):
         Precision("fp16", torch.device("cpu"))
-    assert Precision("bf16", torch.device("cpu")).scaler.is_enabled() is False
+    for mode in ("off", "bf16"):
+        assert Precision(mode, torch.device("cpu")).scaler.is_enabled() is False
 
 
 # ---- the rest of the run --------------------------------------------------------------------
