@@ -1,5 +1,8 @@
 """Typed schemas for the config, registered with Hydra's ConfigStore, and range checks.
 
+The schemas give types, not values: each value lives in one place, the YAML option of its
+group under conf/ (MISSING here). A default below is for a key that not every option sets.
+
 Hydra merges every YAML option onto these dataclasses, so a wrong type or an unknown key is
 reported at composition time with its full key. `validate` adds the checks a type cannot
 express (ranges and choices) and raises a ConfigError naming key, value and what is allowed.
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from repro.errors import ConfigError
 
@@ -23,90 +26,90 @@ from repro.errors import ConfigError
 
 @dataclass
 class SeedConfig:
-    mode: str = "fixed"  # fixed | random
-    value: Optional[int] = 0
+    mode: str = MISSING  # fixed | random
+    value: Optional[int] = MISSING
 
 
 @dataclass
 class CudnnConfig:
-    name: str = "default"
-    benchmark: bool = False
-    deterministic: bool = False
-    deterministic_algorithms: bool = False
-    warn_only: bool = False
-    tf32_matmul: bool = False
-    tf32_cudnn: bool = True
+    name: str = MISSING
+    benchmark: bool = MISSING
+    deterministic: bool = MISSING
+    deterministic_algorithms: bool = MISSING
+    warn_only: bool = MISSING
+    tf32_matmul: bool = MISSING
+    tf32_cudnn: bool = MISSING
 
 
 @dataclass
 class DataLoaderConfig:
-    name: str = "default"
-    num_workers: int = 2
-    pin_memory: bool = True
-    persistent_workers: bool = True
-    prefetch_factor: int = 2
+    name: str = MISSING
+    num_workers: int = MISSING
+    pin_memory: bool = MISSING
+    persistent_workers: bool = MISSING
+    prefetch_factor: int = MISSING
     on_device: bool = False  # dataloader=device: in-memory data kept and augmented on the device
 
 
 @dataclass
 class MemoryFormatConfig:
-    name: str = "channels_last"
+    name: str = MISSING
 
 
 @dataclass
 class AmpConfig:
-    mode: str = "auto"  # auto | off | bf16 | fp16
+    mode: str = MISSING  # auto | off | bf16 | fp16
 
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"
-    num_classes: Optional[int] = 10  # None: infer (imagefolder)
-    image_size: int = 32
-    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    std: list[float] = field(default_factory=lambda: [0.25, 0.25, 0.25])
-    augment: bool = True
-    crop_padding: int = 4
-    resize: Optional[int] = None
-    val_size: int = 2000
+    name: str = MISSING
+    num_classes: Optional[int] = MISSING  # None: infer (imagefolder)
+    image_size: int = MISSING
+    mean: list[float] = MISSING
+    std: list[float] = MISSING
+    augment: bool = MISSING
+    crop_padding: int = MISSING
+    resize: Optional[int] = MISSING
+    val_size: int = MISSING
     root: Optional[str] = None
     download: bool = False
     fraction: float = 1.0  # keep this seeded fraction of every split (debug=limit)
-    # Synthetic only: the images are a fixed benchmark made from their own seed.
-    train_size: int = 20000
-    test_size: int = 2000
-    generator_seed: int = 0
+    # Synthetic only (set by data/synthetic.yaml): a fixed benchmark made from its own seed.
+    train_size: Optional[int] = None
+    test_size: Optional[int] = None
+    generator_seed: Optional[int] = None
 
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 6
-    max_steps: Optional[int] = None
-    batch_size: int = 256
-    eval_batch_size: int = 1000
-    eval_every_epochs: int = 1
-    eval_every_steps: Optional[int] = None
-    grad_clip: Optional[float] = None
-    label_smoothing: float = 0.0
-    checkpoint_every_steps: Optional[int] = None
-    keep_checkpoints: int = 2
-    save_checkpoints: bool = True  # false: write no checkpoint files at all (debug=fast)
-    device: str = "auto"
-    resume: str = "auto"
-    compile: bool = False
-    halt_at_step: Optional[int] = None
-    num_threads: Optional[int] = None
-    global_batch: bool = False  # torchrun: batch_size is the total over ranks, not per rank
-    sync_batchnorm: bool = False
-    sync_debug: bool = False  # CUDA: warn at every host sync after the first step
+    epochs: int = MISSING
+    max_steps: Optional[int] = MISSING
+    batch_size: int = MISSING
+    eval_batch_size: int = MISSING
+    eval_every_epochs: int = MISSING
+    eval_every_steps: Optional[int] = MISSING
+    grad_clip: Optional[float] = MISSING
+    label_smoothing: float = MISSING
+    checkpoint_every_steps: Optional[int] = MISSING
+    keep_checkpoints: int = MISSING
+    save_checkpoints: bool = MISSING  # false: write no checkpoint files at all (debug=fast)
+    device: str = MISSING
+    resume: str = MISSING
+    compile: bool = MISSING
+    halt_at_step: Optional[int] = MISSING
+    num_threads: Optional[int] = MISSING
+    global_batch: bool = MISSING  # torchrun: batch_size is the total over ranks, not per rank
+    sync_batchnorm: bool = MISSING
+    sync_debug: bool = MISSING  # CUDA: warn at every host sync after the first step
 
 
 @dataclass
 class LoggerConfig:
-    tensorboard: bool = False
-    fingerprint_every_steps: int = 50
-    progress: str = "auto"  # auto | on | off
-    plot: bool = True
+    tensorboard: bool = MISSING
+    fingerprint_every_steps: int = MISSING
+    progress: str = MISSING  # auto | on | off
+    plot: bool = MISSING
 
 
 @dataclass
@@ -158,8 +161,8 @@ MINIMUM = {
     "data.image_size": (1, False),
     "data.crop_padding": (0, False),
     "data.val_size": (1, False),
-    "data.train_size": (1, False),
-    "data.test_size": (1, False),
+    "data.train_size": (1, True),
+    "data.test_size": (1, True),
     "data.fraction": (0, False),
     "logger.fingerprint_every_steps": (1, False),
     "optimizer.lr": (0, False),
