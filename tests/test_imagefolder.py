@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import zipfile
 from pathlib import Path
@@ -120,11 +121,15 @@ def test_missing_class_folder_in_val(tmp_path):
         train_in_process(tmp_path / "run", *IMAGEFOLDER, f"data.root={root}")
 
 
-CIFAR_JPEG = ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+# A zip of CIFAR-10 as JPEGs (train/<class>/*.jpg, test/<class>/*.jpg): REPRO_CIFAR10_JPEG,
+# else the developers' shared copy beside the checkout.
+CIFAR_JPEG = Path(
+    os.environ.get("REPRO_CIFAR10_JPEG") or ROOT.parent / "shared" / "data" / "cifar10-jpeg.zip"
+)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CIFAR_JPEG.exists(), reason="../shared/data/cifar10-jpeg.zip is absent")
+@pytest.mark.skipif(not CIFAR_JPEG.exists(), reason=f"{CIFAR_JPEG} is absent")
 def test_cifar10_jpeg_subset_trains_above_chance(tmp_path):
     """Real images in the archive's own layout (train/, test/): 300 + 100 JPEGs per class."""
     root = tmp_path / "cifar"

@@ -23,10 +23,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# Streams are named, not numbered, so adding one never shifts the others.
-STREAMS = ("model", "torch", "order", "augment", "split", "loader", "python", "numpy")
-
-
 def resolve_seed(mode: str, value: int | None) -> int:
     """The root seed for this run: the configured one, or a fresh draw that gets logged."""
     if mode == "fixed":
@@ -38,7 +34,8 @@ def resolve_seed(mode: str, value: int | None) -> int:
 
 
 def stream_seed(root: int, name: str, *keys: int, rank: int = 0) -> int:
-    """A 63-bit seed for the stream `name` keyed on `keys` (epoch, sample index, ...)."""
+    """A 63-bit seed for the stream `name` keyed on `keys` (epoch, sample index, ...).
+    Streams are named, not numbered, so adding one never shifts the others."""
     name_key = zlib.crc32(name.encode())  # stable across processes, unlike hash()
     seq = np.random.SeedSequence(entropy=root, spawn_key=(name_key, rank, *keys))
     return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
