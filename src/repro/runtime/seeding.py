@@ -23,6 +23,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
+
 def resolve_seed(mode: str, value: int | None) -> int:
     """The root seed for this run: the configured one, or a fresh draw that gets logged."""
     if mode == "fixed":
