@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from repro.engine.loggers import COLUMNS
+from repro.files import atomic_path, write_text_atomic
 
 from conftest import read_summary, run_cli, tiny
 
@@ -70,3 +73,15 @@ def test_evaluate_test_split_and_bad_arguments(tmp_path):
     ]:
         bad = run_cli("repro.evaluate", *args)
         assert bad.returncode == 2 and expected in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_file_is_replaced_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "summary.json"
+    write_text_atomic(target, "first\n")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half of a new")
+        raise RuntimeError("a crash while writing")
+    assert target.read_text() == "first\n"
+    write_text_atomic(target, "second\n")
+    assert target.read_text() == "second\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no temporary left

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one step; a crash leaves the old file or the new one."""
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` to write to: when the block ends it replaces `path` in
+    one step; if the block raises, it is removed and `path` is left as it was."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one step; a crash leaves the old file or the new one."""
+    with atomic_path(path) as tmp, tmp.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:

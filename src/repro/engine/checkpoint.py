@@ -25,6 +25,7 @@ import torch
 
 from repro.engine import faults
 from repro.errors import CheckpointError
+from repro.files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,11 @@ def to_host(state: Any) -> tuple[Any, torch.cuda.Event | None]:
 
 def atomic_save(obj: Any, path: Path, step: int = -1) -> None:
     """torch.save through a temporary file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as handle:
+    with atomic_path(path) as tmp, tmp.open("wb") as handle:
         torch.save(obj, handle)
         handle.flush()
         faults.point("checkpoint", step)
         os.fsync(handle.fileno())
-    tmp.replace(path)
     _fsync_dir(path.parent)
 
 
@@ -216,13 +215,11 @@ class Checkpointer:
 
     def _point_last_at(self, path: Path) -> None:
         # A hard link costs no space; renaming it over last.pt is atomic.
-        tmp = self.folder / f".last.pt.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(path, tmp)
-        except OSError:
-            atomic_save(torch.load(path, map_location="cpu", weights_only=True), tmp)
-        tmp.replace(self.folder / "last.pt")
+        with atomic_path(self.folder / "last.pt") as tmp:
+            try:
+                os.link(path, tmp)
+            except OSError:  # a file system without hard links: a copy
+                atomic_save(torch.load(path, map_location="cpu", weights_only=True), tmp)
         _fsync_dir(self.folder)
 
     def latest_good(self) -> tuple[Path, dict[str, Any]] | None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
+
+from repro.files import atomic_path, write_text_atomic
 
 COLUMNS = (
     "epoch",
@@ -38,12 +41,11 @@ class MetricsLog:
         self._rewrite(rows)
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
-        tmp = self.path.with_name(".metrics.csv.tmp")
-        with tmp.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-        tmp.replace(self.path)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text_atomic(self.path, text.getvalue())
 
     def row(self, values: dict[str, float]) -> None:
         new = not self.path.exists()
@@ -93,7 +95,6 @@ def save_figure_atomic(figure: Any, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    figure.savefig(tmp, dpi=100)
+    with atomic_path(out) as tmp:
+        figure.savefig(tmp, dpi=100, format="png")
     plt.close(figure)
-    tmp.replace(out)

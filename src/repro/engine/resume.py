@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from repro.engine import checkpoint
 from repro.engine.checkpoint import Checkpointer
 from repro.errors import CheckpointError
+from repro.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,4 @@ def truncate_logs(run_dir: Path, step: int) -> None:
             for line in fingerprints.read_text().splitlines()
             if line and int(line.split(",", 1)[0]) <= step
         ]
-        tmp = fingerprints.with_name(".fingerprints.csv.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        tmp.replace(fingerprints)
+        write_text_atomic(fingerprints, "".join(f"{line}\n" for line in kept))

@@ -8,6 +8,7 @@ listed with their error line and left out of the statistics.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -163,23 +164,13 @@ def write(report: Report) -> None:
         "comparisons": report.comparisons,
     }
     write_text_atomic(folder / "sweep_summary.json", json.dumps(payload, indent=2) + "\n")
-    tmp = folder / ".sweep_summary.csv.tmp"
-    with tmp.open("w", newline="") as handle:
-        columns = [
-            "job",
-            "group",
-            "overrides",
-            "status",
-            "error",
-            "seed",
-            "weights_sha256",
-            *METRICS,
-        ]
-        writer = csv.DictWriter(handle, columns)
-        writer.writeheader()
-        for row in payload["jobs"]:
-            writer.writerow({**row, "overrides": " ".join(row["overrides"])})
-    tmp.replace(folder / "sweep_summary.csv")
+    columns = ["job", "group", "overrides", "status", "error", "seed", "weights_sha256"]
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, [*columns, *METRICS])
+    writer.writeheader()
+    for row in payload["jobs"]:
+        writer.writerow({**row, "overrides": " ".join(row["overrides"])})
+    write_text_atomic(folder / "sweep_summary.csv", table.getvalue())
     write_text_atomic(folder / "sweep_summary.md", markdown(report))
     plot(report, folder / "sweep.png")
 
