@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import COLUMNS
 from repro.files import atomic_path, write_text_atomic
 
@@ -85,3 +86,16 @@ def test_a_file_is_replaced_whole_or_not_at_all(tmp_path):
     write_text_atomic(target, "second\n")
     assert target.read_text() == "second\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no temporary left
+
+
+def test_the_fingerprint_log_keeps_every_bit_of_each_loss_and_truncates_by_step(tmp_path):
+    log = FingerprintLog.of_run(tmp_path)
+    losses = [2.302585092994046, 0.1 + 0.2, 1e-300]
+    log.append(1, losses[:2])
+    log.append(3, losses[2:], weights_sha256="ab" * 32)
+    rows = log.read()
+    assert [(r.step, float(r.loss), r.weights_sha256) for r in rows] == [
+        (1, losses[0], ""), (2, losses[1], ""), (3, losses[2], "ab" * 32),
+    ]  # fmt: skip
+    log.truncate_after(2)
+    assert log.read() == rows[:2]

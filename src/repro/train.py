@@ -27,6 +27,7 @@ from repro import config, launch
 from repro.data import fingerprint
 from repro.engine import assembly, history, resume
 from repro.engine.checkpoint import Checkpointer
+from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog, plot_curves
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
@@ -69,7 +70,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         run_history.begin(cfg, start_step=state["position"]["step"] if state else 0)
         write_text_atomic(run_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main)
-    outputs = assembly.Outputs(checkpointer, metrics, run_dir / "fingerprints.csv")
+    outputs = assembly.Outputs(checkpointer, metrics, FingerprintLog.of_run(run_dir))
     saved = {"config": OmegaConf.to_container(cfg, resolve=True), "root_seed": root_seed}
     trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
     _start(trainer, state, run_dir)

@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 
 from repro import build, config
 from repro.data import fingerprint
+from repro.engine.fingerprint_log import FingerprintLog, Row
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runtime import determinism, environment
 from repro.runtime.transfer import select_device
@@ -49,19 +50,7 @@ class Verdict:
         return self.divergence is None
 
 
-def read_fingerprints(path: Path) -> list[tuple[int, str, str]]:
-    """(step, loss as written, weights hash or '') per line."""
-    rows = []
-    for line in path.read_text().splitlines():
-        if line:
-            step, loss, digest = line.split(",")
-            rows.append((int(step), loss, digest))
-    return rows
-
-
-def first_divergence(
-    recorded: list[tuple[int, str, str]], rerun: list[tuple[int, str, str]]
-) -> str | None:
+def first_divergence(recorded: list[Row], rerun: list[Row]) -> str | None:
     for (step, loss, digest), (_, new_loss, new_digest) in zip(recorded, rerun, strict=False):
         if loss != new_loss:
             return f"step {step}: loss {loss} recorded, {new_loss} now"
@@ -126,12 +115,12 @@ def verify(run_dir: Path, steps: int | None = None, threads: int | None = None) 
     `threads` is given) and compare with what it recorded. Data that differs from the
     recorded run's is reported without training."""
     resolved = run_dir / "resolved_config.yaml"
-    fingerprints = run_dir / "fingerprints.csv"
+    fingerprints = FingerprintLog.of_run(run_dir).path
     if not resolved.is_file() or not fingerprints.is_file():
         raise DataError(
             f"{run_dir}: not a run folder (needs resolved_config.yaml, fingerprints.csv)"
         )
-    recorded = read_fingerprints(fingerprints)
+    recorded = FingerprintLog(fingerprints).read()
     if not recorded:
         raise DataError(f"{fingerprints}: empty, the run recorded no step")
     if steps is not None and steps > recorded[-1][0]:
@@ -153,7 +142,7 @@ def verify(run_dir: Path, steps: int | None = None, threads: int | None = None) 
             return verdict
     with tempfile.TemporaryDirectory(prefix="repro-verify-") as work:
         summary = train(cfg, Path(work))
-        rerun = read_fingerprints(Path(work) / "fingerprints.csv")
+        rerun = FingerprintLog.of_run(Path(work)).read()
     verdict.steps_compared = min(len(recorded), len(rerun))
     compared = verdict.steps_compared
     verdict.divergence = first_divergence(recorded[:compared], rerun[:compared])

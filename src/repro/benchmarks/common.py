@@ -30,6 +30,7 @@ from repro.data.datasets import Splits
 from repro.data.loader import EpochBatches, close
 from repro.engine import assembly
 from repro.engine.checkpoint import Checkpointer
+from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.loop import Trainer
 from repro.files import write_json_atomic
@@ -71,7 +72,9 @@ def trainer(
     parts = assembly.build_parts(cfg, knobs, seed, data)
     folder.mkdir(parents=True, exist_ok=True)
     checkpointer = Checkpointer(folder / "checkpoints", 1)
-    outputs = assembly.Outputs(checkpointer, MetricsLog(folder, False), folder / "fingerprints.csv")
+    outputs = assembly.Outputs(
+        checkpointer, MetricsLog(folder, False), FingerprintLog.of_run(folder)
+    )
     return assembly.trainer(cfg, knobs, parts, outputs, {}, loop)
 
 

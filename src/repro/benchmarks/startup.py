@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from repro.benchmarks.common import Column, Result, train_overrides
+from repro.engine.fingerprint_log import FingerprintLog
 from repro.errors import UserError
 
 ACCEPT = 1.0
@@ -57,7 +58,7 @@ def time_first_step(overrides: list[str], folder: Path) -> float:
     ]
     started = time.time()
     done = subprocess.run(command, capture_output=True, text=True)
-    fingerprints = folder / "fingerprints.csv"
+    fingerprints = FingerprintLog.of_run(folder).path
     if done.returncode != 0 or not fingerprints.exists():
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"the training run for suite=startup failed: {tail[0]}")

@@ -8,7 +8,6 @@ seeded generators, so the order of its steps is part of every run's weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ from repro.data.datasets import Splits
 from repro.data.loader import EpochBatches
 from repro.engine import preflight
 from repro.engine.checkpoint import Checkpointer
+from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.loop import LoopSettings, Trainer
 from repro.runtime import compilation, determinism, distributed, threads
@@ -114,7 +114,7 @@ class Outputs:
 
     checkpointer: Checkpointer
     metrics: MetricsLog
-    fingerprints: Path
+    fingerprints: FingerprintLog
 
 
 def trainer(

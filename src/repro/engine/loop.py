@@ -8,7 +8,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from torch.utils.data import DataLoader
 from repro.data.loader import EpochBatches, close
 from repro.engine import faults
 from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
+from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.metrics import Throughput, evaluate, weights_sha256
 from repro.engine.settings import LoopSettings
@@ -63,7 +63,7 @@ class Trainer:
     val_loader: DataLoader
     checkpointer: Checkpointer
     metrics: MetricsLog
-    fingerprints: Path
+    fingerprints: FingerprintLog
     settings: LoopSettings
     extra_state: dict[str, Any]  # the config and seed, stored in every checkpoint
     total_steps: int
@@ -236,20 +236,18 @@ class Trainer:
             stacked = distributed.sum_tensor(stacked, self.dist) / self.dist.world
         values = stacked.cpu().tolist()
         first_step = self.position.step - len(values) + 1
-        lines = []
         for offset, value in enumerate(values):
-            step = first_step + offset
             if not math.isfinite(value):
                 raise NonFiniteLossError(
-                    f"loss is {value} at step {step}; the last good checkpoint is kept in "
-                    f"{self.checkpointer.folder} (lower optimizer.lr or set trainer.grad_clip)"
+                    f"loss is {value} at step {first_step + offset}; the last good checkpoint "
+                    f"is kept in {self.checkpointer.folder} (lower optimizer.lr or set "
+                    "trainer.grad_clip)"
                 )
-            lines.append(f"{step},{value!r},")
         if self.dist.is_main:
-            if self.position.step % self.settings.fingerprint_every_steps == 0:
-                lines[-1] += weights_sha256(self.model)
-            with self.fingerprints.open("a") as handle:
-                handle.write("\n".join(lines) + "\n")
+            hashed = self.position.step % self.settings.fingerprint_every_steps == 0
+            self.fingerprints.append(
+                first_step, values, weights_sha256(self.model) if hashed else ""
+            )
         self.position.loss_sum += sum(values)
         self.position.loss_count += len(values)
         losses.clear()

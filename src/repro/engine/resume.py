@@ -10,8 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro.engine import checkpoint
 from repro.engine.checkpoint import Checkpointer
+from repro.engine.fingerprint_log import FingerprintLog
 from repro.errors import CheckpointError
-from repro.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +120,4 @@ def truncate_logs(run_dir: Path, step: int) -> None:
     from repro.engine.loggers import MetricsLog
 
     MetricsLog(run_dir, tensorboard=False).truncate_after(step)
-    fingerprints = run_dir / "fingerprints.csv"
-    if fingerprints.exists():
-        kept = [
-            line
-            for line in fingerprints.read_text().splitlines()
-            if line and int(line.split(",", 1)[0]) <= step
-        ]
-        write_text_atomic(fingerprints, "".join(f"{line}\n" for line in kept))
+    FingerprintLog.of_run(run_dir).truncate_after(step)
