@@ -84,3 +84,6 @@ def test_bad_arguments(recorded, tmp_path):
     assert run_cli("repro.verify", str(tmp_path / "nope")).returncode == 2
     done = run_cli("repro.verify", str(recorded), "steps=999")
     assert done.returncode == 2 and "steps=" in done.stderr and "Traceback" not in done.stderr
+    done = run_cli("repro.verify", str(recorded), "threads=0")
+    assert done.returncode == 2 and "threads=N with N >= 1" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -205,6 +205,17 @@ def _check_exact(cfg: DictConfig) -> None:
         raise ConfigError(broken[0], _get(cfg, broken[0]), allowed)
 
 
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict as one level of dotted keys: {"trainer": {"epochs": 6}} -> trainer.epochs."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _unknown_keys(node: Any, schema: type, prefix: str = "") -> tuple[str, Any, str] | None:
     """The first key of `node` its dataclass does not declare, its value and the closest known
     key. `+key=value` adds keys past the schema; nodes typed Any (model, optimizer, scheduler)

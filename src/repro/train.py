@@ -60,7 +60,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     seeding.seed_globals(root_seed, rank=dist.rank)
 
     parts = assembly.build_parts(cfg, knobs, root_seed)
-    data_fingerprint = fingerprint.fingerprint(parts.data, cfg.data.root)
+    data_fingerprint = fingerprint.fingerprint(parts.data, cfg.data.root) if dist.is_main else None
     if state and _already_complete(run_dir, state, parts.total_steps):
         return {**read_summary(run_dir), "already_complete": True}
 
@@ -126,7 +126,11 @@ def _describe(cfg: DictConfig, parts: assembly.Parts, knobs: assembly.Knobs) -> 
 
 
 def _summary(
-    trainer: Trainer, parts: assembly.Parts, knobs: assembly.Knobs, started: float, state: Any
+    trainer: Trainer,
+    parts: assembly.Parts,
+    knobs: assembly.Knobs,
+    started: float,
+    state: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """What summary.json holds, but the data fingerprint: the last evaluation and how the run
     got there. `started` is the `time.perf_counter()` of this process's start of training."""

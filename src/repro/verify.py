@@ -59,19 +59,9 @@ def first_divergence(recorded: list[Row], rerun: list[Row]) -> str | None:
     return None
 
 
-def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def environment_changes(recorded: dict, current: dict) -> list[str]:
     """One line per difference; those known to change floating-point results first, marked."""
-    before, now = _flatten(recorded), _flatten(current)
+    before, now = config.flatten(recorded), config.flatten(current)
     lines = []
     for key in sorted(before.keys() | now.keys()):
         if before.get(key) != now.get(key):

@@ -51,17 +51,15 @@ COLUMNS = [
 
 # Set by the suite for every run (the seed: the one this command resolved, fixed); the user's
 # overrides of these are left out.
-SUITE_KEYS = tuple(
-    [
-        "seed",
-        "trainer.max_steps",
-        "trainer.checkpoint_every_steps",
-        "trainer.resume",
-        "trainer.halt_at_step",
-        "logger.progress",
-        "logger.plot",
-        "hydra",
-    ]
+SUITE_KEYS = (
+    "seed",
+    "trainer.max_steps",
+    "trainer.checkpoint_every_steps",
+    "trainer.resume",
+    "trainer.halt_at_step",
+    "logger.progress",
+    "logger.plot",
+    "hydra",
 )
 
 # The fp16 runs: preset=exact's settings but amp, which the preset pins to off.

@@ -182,10 +182,10 @@ class Trainer:
     def _evaluate_now(self, epoch_ended: bool) -> bool:
         """At the end of every `eval_every_epochs`-th epoch (and of the last one), or every
         `eval_every_steps` steps inside an epoch."""
-        every_steps, step = self.settings.eval_every_steps, self.position.step
         if epoch_ended:
             return self.position.epoch % self.settings.eval_every_epochs == 0 or self._finished()
-        return bool(every_steps) and step % every_steps == 0
+        every_steps = self.settings.eval_every_steps
+        return bool(every_steps) and self.position.step % every_steps == 0
 
     def _checkpoint_now(self, epoch_ended: bool) -> bool:
         """At the end of every epoch, and every `checkpoint_every_steps` steps."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from repro import config
 from repro.engine import checkpoint
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.fingerprint_log import FingerprintLog
@@ -76,15 +77,6 @@ def check_length(state: dict[str, Any], total_steps: int) -> int:
     return done
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
-
-
 def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str, str]) -> None:
     """Refuse to resume under a config that differs in anything that changes results, or on
     a machine where the same config resolves otherwise (`amp=auto`, `trainer.device=auto`)."""
@@ -100,8 +92,8 @@ def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str,
 
 
 def _check_config(saved: dict[str, Any], cfg: DictConfig) -> None:
-    now = _flatten(OmegaConf.to_container(cfg, resolve=True))
-    before = _flatten(saved)
+    now = config.flatten(OmegaConf.to_container(cfg, resolve=True))
+    before = config.flatten(saved)
     differing = sorted(
         key
         for key in now.keys() | before.keys()

@@ -21,23 +21,21 @@ PROJECT_DIR = SOURCE_DIR.parents[1]  # the checkout: src/repro/ -> the folder ho
 
 # Keys whose difference alone can change a run's numbers: other kernels (CPU capability, the
 # library versions), another device, another split of the sums over threads.
-CHANGES_RESULTS = tuple(
-    [
-        "cpu_capability",
-        "cpu_model",
-        "torch",
-        "torchvision",
-        "onednn",
-        "blas",
-        "cuda",
-        "cudnn",
-        "nccl",
-        "device",
-        "device_name",
-        "compute_capability",
-        "gpu_driver",
-        "num_threads",
-    ]
+CHANGES_RESULTS = (
+    "cpu_capability",
+    "cpu_model",
+    "torch",
+    "torchvision",
+    "onednn",
+    "blas",
+    "cuda",
+    "cudnn",
+    "nccl",
+    "device",
+    "device_name",
+    "compute_capability",
+    "gpu_driver",
+    "num_threads",
 )
 
 
@@ -57,6 +55,7 @@ def _git(*args: str) -> str | None:
     return _run("git", *args)
 
 
+@cache  # asked by the summary and the run history: once per process, for the code it imported
 def git_commit() -> str | None:
     return _git("rev-parse", "HEAD")
 
@@ -134,6 +133,7 @@ def _lock_sha256() -> str | None:
     return hashlib.sha256(lock.read_bytes()).hexdigest() if lock.exists() else None
 
 
+@cache
 def source_patch(inside: Path = SOURCE_DIR) -> str | None:
     """The changes of the source tree holding `inside` against HEAD, untracked files under
     src/ and conf/ included, as one patch `git apply` takes; None if clean or outside git."""
