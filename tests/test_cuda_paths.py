@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from repro import build
+from repro.data.loader import LoaderContext
 from repro.engine import checkpoint
 from repro.errors import CheckpointError, ConfigError
 from repro.runtime import compilation, determinism, distributed, seeding
@@ -254,10 +255,10 @@ def test_the_cuda_sanitizer_with_loader_workers_is_refused_in_one_line(monkeypat
     data = build.splits(cfg, 0)
     monkeypatch.setenv("TORCH_CUDA_SANITIZER", "1")
     with pytest.raises(ConfigError, match=r"dataloader.num_workers=2 .*TORCH_CUDA_SANITIZER"):
-        build.loaders(cfg, data, False, 0, device=torch.device("cuda"))
+        build.loaders(cfg, data, LoaderContext(0, device=torch.device("cuda")))
     cfg.dataloader.num_workers = 0  # the main process alone: the sanitizer's way
     monkeypatch.delenv("TORCH_CUDA_SANITIZER")
-    build.loaders(cfg, data, False, 0, device=torch.device("cpu"))  # and without it, as ever
+    build.loaders(cfg, data, LoaderContext(0))  # and without it, as ever
 
 
 # ---- trainer.sync_debug --------------------------------------------------------------------

@@ -14,7 +14,8 @@ from torch.utils.data import default_collate
 
 from repro import build
 from repro.data.device_loader import DeviceTrainLoader
-from repro.data.loader import Batch, EpochBatches, EvalView, TrainView, close
+from repro.data.loader import Batch, Batches, EvalView, LoaderContext, TrainView
+from repro.data.samplers import EpochBatches
 from repro.data.sources import ImageFiles
 from repro.errors import ConfigError
 from repro.runtime.seeding import stream_seed
@@ -28,6 +29,12 @@ SMALL = ("data.train_size=300", "data.val_size=70", "trainer.batch_size=64")
 def epoch_batches(loader, sampler, epoch, start=0):
     sampler.set_epoch(epoch, start_batch=start)
     return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def one_pass(loader):
+    """An evaluation loader's first pass (it goes round for as long as it is read)."""
+    with Batches(loader) as batches:
+        return [(images.clone(), labels.clone()) for images, labels in batches.take(len(loader))]
 
 
 def assert_same(left, right, prepare=None):
@@ -74,28 +81,22 @@ def test_device_loader_yields_the_dataloader_batches_for_each_seed_and_epoch():
         reference = compose_config(*SMALL, "dataloader.num_workers=1", f"seed={seed}")
         device = compose_config(*SMALL, "dataloader=device", f"seed={seed}")
         data = build.splits(reference, seed)
-        loader, sampler, val = build.loaders(reference, data, False, seed)
-        on_device, device_sampler, device_val = build.loaders(
-            device, data, False, seed, device=torch.device("cpu")
-        )
+        loader, sampler, val = build.loaders(reference, data, LoaderContext(seed))
+        on_device, device_sampler, device_val = build.loaders(device, data, LoaderContext(seed))
         assert isinstance(on_device, DeviceTrainLoader)
         assert device_sampler.batches_per_epoch() == sampler.batches_per_epoch() == 4
-        try:
-            for epoch in (0, 3):
-                from_workers = epoch_batches(loader, sampler, epoch)
-                assert from_workers[0][0].dtype == torch.float32  # normalised in the worker
-                assert_same(epoch_batches(on_device, device_sampler, epoch), from_workers,
-                            model_input(reference))  # fmt: skip
-            assert_same(list(device_val), list(val))
-        finally:
-            close(loader)
-            close(val)
+        for epoch in (0, 3):
+            from_workers = epoch_batches(loader, sampler, epoch)
+            assert from_workers[0][0].dtype == torch.float32  # normalised in the worker
+            assert_same(epoch_batches(on_device, device_sampler, epoch), from_workers,
+                        model_input(reference))  # fmt: skip
+        assert_same(one_pass(device_val), one_pass(val))
 
 
 def test_device_loader_resumes_at_a_batch_position():
     cfg = compose_config(*SMALL, "dataloader=device")
     data = build.splits(cfg, 1)
-    loader, sampler, _ = build.loaders(cfg, data, False, 1, device=torch.device("cpu"))
+    loader, sampler, _ = build.loaders(cfg, data, LoaderContext(1))
     whole = epoch_batches(loader, sampler, 2)
     loader.set_epoch(2, start_batch=3)
     assert len(loader) == 1
@@ -130,19 +131,16 @@ def test_workers_hand_over_batches_through_shared_slots_unchanged():
                              "data.train_size=700")  # fmt: skip
     plain = compose_config(*SMALL, "dataloader=debug", "data.train_size=700")
     data = build.splits(plain, 2)
-    loader, sampler, val = build.loaders(workers, data, False, 2)
-    reference, reference_sampler, _ = build.loaders(plain, data, False, 2)
+    loader, sampler, _ = build.loaders(workers, data, LoaderContext(2))
+    reference, reference_sampler, _ = build.loaders(plain, data, LoaderContext(2))
     assert loader.dataset.slots is not None
-    try:
-        sampler.set_epoch(0)
-        next(iter(loader))  # an abandoned epoch: its batches in flight are dropped
-        for epoch, start in ((1, 0), (2, 4), (3, 0)):
-            assert_same(epoch_batches(loader, sampler, epoch, start),
-                        epoch_batches(reference, reference_sampler, epoch, start),
-                        model_input(plain))  # fmt: skip
-    finally:
-        close(loader)
-        close(val)
+    sampler.set_epoch(0)
+    with Batches(loader) as abandoned:  # its batches in flight are dropped
+        next(abandoned)
+    for epoch, start in ((1, 0), (2, 4), (3, 0)):
+        assert_same(epoch_batches(loader, sampler, epoch, start),
+                    epoch_batches(reference, reference_sampler, epoch, start),
+                    model_input(plain))  # fmt: skip
 
 
 def test_prepared_batches_pass_through_device_batches():

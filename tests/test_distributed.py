@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from repro.data.loader import EpochBatches
+from repro.data.samplers import EpochBatches
 
 from conftest import ROOT, read_summary, run_cli, tiny
 
@@ -43,6 +43,7 @@ def straight(tmp_path_factory):
     return folders[0].parent
 
 
+@pytest.mark.e2e
 def test_two_processes_one_folder_one_summary_rank0_writes(straight):
     summary = read_summary(straight)
     assert summary["world_size"] == 2 and summary["completed"]
@@ -65,6 +66,7 @@ def test_two_processes_one_folder_one_summary_rank0_writes(straight):
     assert result["loss"] == pytest.approx(summary["val_loss"], rel=1e-7, abs=0)
 
 
+@pytest.mark.e2e
 def test_rerun_gives_the_same_weights(straight, tmp_path):
     done = torchrun(*DDP, f"hydra.run.dir={tmp_path / 'again'}")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -74,6 +76,7 @@ def test_rerun_gives_the_same_weights(straight, tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_sigkill_of_the_whole_job_then_resume_is_exact(straight, tmp_path):
     run_dir = tmp_path / "killed"
     killed = torchrun(*DDP, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:9"})

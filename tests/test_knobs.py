@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import multiprocessing
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from repro import config
-from repro.data.loader import EpochBatches
+from repro.data.loader import LoaderContext, start_worker
+from repro.data.samplers import EpochBatches, EvalBatches
+from repro.engine.loop import Trainer
 from repro.errors import ConfigError
 from repro.launch import expand_seed_shorthand
 from repro.models.small_cnn import SmallCNN
 from repro.runtime import determinism, seeding
+from repro.runtime.devices import use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-from repro.runtime.transfer import DeviceBatches, use_pinned_memory
+from repro.runtime.transfer import DeviceBatches
 
 from conftest import compose_config, read_summary, tiny, train_in_process
 
@@ -133,10 +143,10 @@ def test_cudnn_benchmark_and_warn_only():
 
 def test_preset_exact_composes_the_deterministic_knobs():
     cfg = compose_config("preset=exact")
-    assert cfg.cudnn.name == "deterministic"
+    assert cfg.cudnn.deterministic_algorithms and not cfg.cudnn.benchmark
     assert cfg.amp.mode == "off"
     fast = compose_config("preset=fast")
-    assert fast.cudnn.name == "benchmark" and fast.dataloader.name == "fast"
+    assert fast.cudnn.benchmark and fast.dataloader.num_workers == 6  # benchmark, fast
 
 
 def test_a_preset_named_with_an_experiment_wins_over_the_experiments_knobs():
@@ -182,16 +192,61 @@ def test_loader_gets_a_seeded_generator_worker_init_and_workers():
 
     cfg = compose_config("dataloader=default", "data.train_size=256", "data.val_size=64")
     data = build.splits(cfg, 3)
-    loader, _, val = build.loaders(cfg, data, pin_memory=False, root_seed=3)
-    again, _, _ = build.loaders(cfg, data, pin_memory=False, root_seed=3)
-    other, _, _ = build.loaders(cfg, data, pin_memory=False, root_seed=4)
+    loader, _, val = build.loaders(cfg, data, LoaderContext(3))
+    again, _, _ = build.loaders(cfg, data, LoaderContext(3))
+    other, _, _ = build.loaders(cfg, data, LoaderContext(4))
     assert loader.generator is not None
     assert loader.generator.initial_seed() == again.generator.initial_seed()
     assert loader.generator.initial_seed() != other.generator.initial_seed()
-    assert loader.worker_init_fn is seeding.seed_worker
-    assert loader.num_workers == 2 and loader.persistent_workers and loader.prefetch_factor == 2
+    assert loader.worker_init_fn is start_worker  # seeds the worker (seeding.seed_worker)
+    assert loader.num_workers == 2 and loader.prefetch_factor == 2
     assert isinstance(loader.batch_sampler, EpochBatches)
     assert val.num_workers == 2
+
+
+WORKERS_THEN_SIGKILL = """
+import os, signal, numpy as np
+from torch.utils.data import DataLoader
+from repro.data.loader import start_worker
+
+class Large:
+    def __len__(self): return 10**6
+    def __getitem__(self, index): return np.zeros(100_000)
+
+def announce(worker_id):
+    start_worker(worker_id)
+    print(os.getpid(), flush=True)
+
+# numpy batches travel through the pipe by value (as CPU evaluation batches do): it fills
+batches = iter(DataLoader(
+    Large(), batch_size=4, num_workers=2, worker_init_fn=announce, collate_fn=np.stack
+))
+next(batches)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal: Linux only")
+def test_loader_workers_die_with_a_killed_main_process():
+    # Without it they wait forever to flush their queue, holding the run's output pipes.
+    main = subprocess.Popen(
+        [sys.executable, "-c", WORKERS_THEN_SIGKILL], stdout=subprocess.PIPE, text=True
+    )
+    workers = [int(main.stdout.readline()) for _ in range(2)]
+    assert main.wait(timeout=60) == -signal.SIGKILL
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in workers)
+    main.stdout.close()
 
 
 def test_pinned_memory_only_on_cuda():
@@ -212,8 +267,44 @@ def test_epoch_order_is_a_function_of_seed_and_epoch():
     sampler.set_epoch(3, start_batch=4)
     assert list(sampler) == batches[4:]
     sampler.set_epoch(4)
-    assert list(sampler) != batches
+    following = list(sampler)
+    assert following != batches
     assert sorted(i for b in batches for _, i in b) == list(range(100))
+    sampler.set_epoch(3, start_batch=4, epochs=2)  # one iterator through epochs, as a run reads
+    assert list(sampler) == batches[4:] + following
+    assert len(sampler) == 6 + 10
+
+
+def test_evaluation_batches_go_round_in_stored_order_per_rank():
+    second_rank = EvalBatches(10, 4, rank=1, world=2)
+    assert len(second_rank) == 2
+    assert list(itertools.islice(second_rank, 5)) == [[1, 3, 5, 7], [9]] * 2 + [[1, 3, 5, 7]]
+
+
+def test_loader_workers_start_once_per_run_and_stop_with_it_even_after_an_error(
+    tmp_path, monkeypatch
+):
+    """One iterator per loader for the whole run: workers never restart at an epoch, and
+    none outlives the run, whether it ends or fails."""
+    children = []
+    original = Trainer.train_step
+
+    def failing(trainer, images, labels):
+        children.append({child.pid for child in multiprocessing.active_children()})
+        if trainer.position.step == 7:
+            raise RuntimeError("boom")
+        return original(trainer, images, labels)
+
+    monkeypatch.setattr(Trainer, "train_step", failing)
+    before = {child.pid for child in multiprocessing.active_children()}
+    run = tiny("dataloader.num_workers=2", "trainer.epochs=3")  # 6 steps per epoch
+    with pytest.raises(RuntimeError, match="boom"):
+        train_in_process(tmp_path / "failing", *run)
+    training = children[0] - before
+    assert len(training) == 2 and children[:6] == [children[0]] * 6  # epoch 0
+    validation = children[6] - children[0]  # started by the evaluation that ended epoch 0
+    assert len(validation) == 2 and children[6:] == [children[0] | validation] * 2
+    assert {child.pid for child in multiprocessing.active_children()} <= before
 
 
 # ---- memory_format and amp ----------------------------------------------------------------

@@ -22,7 +22,6 @@ def test_weights_do_not_depend_on_workers_or_pinning(tmp_path):
             *tiny(
                 f"dataloader.num_workers={workers}",
                 f"dataloader.pin_memory={pin}",
-                "dataloader.persistent_workers=true",
                 "trainer.epochs=2",
             ),
         )["weights_sha256"]

@@ -23,7 +23,7 @@ from repro import benchmarks, config, launch
 from repro.benchmarks import common
 from repro.errors import UserError, exit_with
 from repro.runtime import determinism, seeding
-from repro.runtime.transfer import select_device
+from repro.runtime.devices import select_device
 
 benchmarks.register()
 launch.register_resolvers()

@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader
 
 from repro.data import device_loader, transforms
 from repro.data.datasets import Splits, build_splits
-from repro.data.loader import EpochBatches, eval_loader, train_loader
+from repro.data.loader import LoaderContext, eval_loader, train_loader
+from repro.data.samplers import EpochBatches
 from repro.errors import ConfigError
 from repro.runtime import distributed
 from repro.runtime.memory_format import FORMATS
@@ -88,53 +89,30 @@ def rank_batch_size(cfg: Any, world: int) -> int:
 
 
 def loaders(
-    cfg: Any,
-    data: Splits,
-    pin_memory: bool,
-    root_seed: int,
-    rank: int = 0,
-    world: int = 1,
-    device: torch.device | None = None,
+    cfg: Any, data: Splits, context: LoaderContext
 ) -> tuple[DataLoader, EpochBatches, DataLoader]:
     """Train loader, its sampler, validation loader; each yields (uint8 images, labels), or
     for CPU training with workers, training images already normalised (`device_batches`)."""
-    train_transform, eval_transform = pipelines(cfg.data)
-    batch, dl = rank_batch_size(cfg, world), cfg.dataloader
+    train_and_eval = pipelines(cfg.data)
+    batch, dl, device = rank_batch_size(cfg, context.world), cfg.dataloader, context.device
     if dl.on_device:  # dataloader=device: the split lives on the device, batches made there
-        on = device or torch.device("cpu")
-        return device_loader.loaders(
-            cfg, data, train_transform, eval_transform, batch, root_seed, on, rank, world
-        )  # type: ignore[return-value]
-    if (
-        dl.num_workers
-        and os.environ.get("TORCH_CUDA_SANITIZER")
-        and device
-        and device.type == "cuda"
-    ):
+        return device_loader.loaders(cfg, data, train_and_eval, batch, context)  # type: ignore[return-value]
+    if dl.num_workers and os.environ.get("TORCH_CUDA_SANITIZER") and device.type == "cuda":
         allowed = (
             "0 under TORCH_CUDA_SANITIZER (its checks run in every process, and a forked "
             "worker cannot use CUDA); or dataloader=device"
         )
         raise ConfigError("dataloader.num_workers", dl.num_workers, allowed)
-    prepare = device_batches(cfg, device or torch.device("cpu"))
-    in_workers = prepare if prepare.device.type == "cpu" else None  # a GPU normalises faster
-    train, sampler = train_loader(
-        data, train_transform, batch, dl, pin_memory, root_seed, rank, world, in_workers
-    )
+    train_transform, eval_transform = train_and_eval
+    prepare = device_batches(cfg, device)
+    in_workers = prepare if device.type == "cpu" else None  # a GPU normalises faster
+    train, sampler = train_loader(data, train_transform, batch, dl, context, in_workers)
     if sampler.batches_per_epoch() == 0:
         allowed = f"at most the {len(data.train)} training images (over all ranks)"
         raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, allowed)
-    val = eval_loader(
-        data.val,
-        eval_transform,
-        cfg.trainer.eval_batch_size,
-        dl,
-        pin_memory,
-        root_seed,
-        rank,
-        world,
-    )
-    return prefetched(train, prepare, pin_memory), sampler, prefetched(val, prepare, pin_memory)
+    val = eval_loader(data.val, eval_transform, cfg.trainer.eval_batch_size, dl, context)
+    pin = context.pin_memory
+    return prefetched(train, prepare, pin), sampler, prefetched(val, prepare, pin)
 
 
 def data_parallel(

@@ -32,7 +32,6 @@ class SeedConfig:
 
 @dataclass
 class CudnnConfig:
-    name: str = MISSING
     benchmark: bool = MISSING
     deterministic: bool = MISSING
     deterministic_algorithms: bool = MISSING
@@ -43,10 +42,8 @@ class CudnnConfig:
 
 @dataclass
 class DataLoaderConfig:
-    name: str = MISSING
     num_workers: int = MISSING
     pin_memory: bool = MISSING
-    persistent_workers: bool = MISSING
     prefetch_factor: int = MISSING
     on_device: bool = False  # dataloader=device: in-memory data kept and augmented on the device
 

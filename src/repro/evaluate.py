@@ -20,14 +20,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from repro import build
-from repro.data.loader import eval_loader
+from repro.data.loader import Batches, LoaderContext, eval_loader
 from repro.engine.checkpoint import load
-from repro.engine.metrics import evaluate
+from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
 from repro.files import write_json_atomic
+from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-from repro.runtime.transfer import select_device, use_pinned_memory
 
 SPLITS = ("train", "val", "test")
 ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size"}
@@ -57,28 +57,22 @@ def evaluate_checkpoint(
 
     data = build.splits(cfg, root_seed)
     _, eval_transform = build.pipelines(cfg.data)
-    cfg.dataloader.persistent_workers = False  # one pass only
+    source = getattr(data, split)
+    pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
+    context = LoaderContext(root_seed, device=device, pin_memory=pin_memory)
     loader = eval_loader(
-        getattr(data, split),
-        eval_transform,
-        batch_size or cfg.trainer.eval_batch_size,
-        cfg.dataloader,
-        use_pinned_memory(cfg.dataloader.pin_memory, device),
-        root_seed,
+        source, eval_transform, batch_size or cfg.trainer.eval_batch_size, cfg.dataloader, context
     )
     model = build.model(cfg, root_seed)
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device))
-    result = evaluate(
-        model,
-        loader,
-        build.device_batches(cfg, device),
-        memory_format.batch,
-        precision.autocast,
-    )
+    to_device = build.device_batches(cfg, device)
+    with Batches(loader) as batches:
+        one_pass = batches.take(len(loader))
+        result = evaluate(model, one_pass, to_device, memory_format.batch, precision.autocast)
     return {
         "split": split,
-        "images": len(loader.dataset),
+        "images": len(source),
         **result,
         "step": state["position"]["step"],
     }

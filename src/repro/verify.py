@@ -32,7 +32,7 @@ from repro.data import fingerprint
 from repro.engine.fingerprint_log import FingerprintLog, Row
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runtime import determinism, environment
-from repro.runtime.transfer import select_device
+from repro.runtime.devices import select_device
 from repro.train import train
 
 USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N]"

@@ -15,7 +15,6 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from repro.data.datasets import Splits
-from repro.data.loader import EpochBatches, close
+from repro.data.loader import Batches
+from repro.data.samplers import EpochBatches
 from repro.engine import assembly
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.fingerprint_log import FingerprintLog
@@ -36,6 +36,8 @@ from repro.engine.loop import Trainer
 from repro.files import write_json_atomic
 from repro.runtime import distributed
 from repro.runtime.seeding import seed_globals
+
+ENDLESS_EPOCHS = 10**9  # more than any benchmark reads
 
 
 @dataclass
@@ -78,18 +80,11 @@ def trainer(
     return assembly.trainer(cfg, knobs, parts, outputs, {}, loop)
 
 
-def release(trainer: Trainer) -> None:
-    """Stop the trainer's loader workers."""
-    close(trainer.train_loader)
-    close(trainer.val_loader)
-
-
-def endless(loader: Any, sampler: EpochBatches, epoch: int = 0) -> Iterator[Any]:
-    """A training loader's batches from `epoch` on, through the epochs, as the loop draws them."""
-    while True:
-        sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
+def endless(loader: Any, sampler: EpochBatches, epoch: int = 0) -> Batches:
+    """A training loader's batches from `epoch` on, through the epochs, as the loop draws
+    them (one iterator: its workers start once); `close()` it when done."""
+    sampler.set_epoch(epoch, epochs=ENDLESS_EPOCHS)
+    return Batches(loader)
 
 
 # ---- time and memory -----------------------------------------------------------------------

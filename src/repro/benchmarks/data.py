@@ -31,10 +31,12 @@ from torch.utils.data import DataLoader, Dataset
 from repro import build
 from repro.benchmarks import common
 from repro.benchmarks.common import Column, Result
-from repro.data.loader import EpochBatches, close
+from repro.data.loader import Batches, LoaderContext
+from repro.data.samplers import EpochBatches
 from repro.data.sources import TensorImages
 from repro.errors import ConfigError
-from repro.runtime.transfer import DeviceBatches, select_device, use_pinned_memory
+from repro.runtime.devices import select_device, use_pinned_memory
+from repro.runtime.transfer import DeviceBatches
 
 COLUMNS = [
     Column("loader", "loader"),
@@ -107,14 +109,7 @@ def bare_source(
         pin_memory=pin,
         collate_fn=lambda made: made,
     )
-    return iter(loader)
-
-
-def stop(source: Iterator) -> None:
-    """End a bare source's worker processes now, before the next row is timed."""
-    shutdown = getattr(source, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    return Batches(loader)
 
 
 def rate(source: Iterator, to_device: Any, count: int, clock: common.Clock) -> float:
@@ -138,7 +133,7 @@ def measure(cfg: DictConfig, data: Any, loader: Any, suite: Any) -> dict[str, An
     device = select_device(cfg.trainer.device)
     seed = int(cfg.seed.value)
     pin = use_pinned_memory(cfg.dataloader.pin_memory, device) and loader != "device"
-    train, sampler, val = build.loaders(cfg, data, pin, seed, device=device)
+    train, sampler, _ = build.loaders(cfg, data, LoaderContext(seed, device=device, pin_memory=pin))
     to_device = build.device_batches(cfg, device)
     on = device if loader == "device" else torch.device("cpu")
     images, labels = data.train.images.to(on), data.train.labels.to(on)
@@ -159,7 +154,7 @@ def measure(cfg: DictConfig, data: Any, loader: Any, suite: Any) -> dict[str, An
             for source, rates in sides if repeat % 2 == 0 else sides[::-1]:
                 rates.append(rate(source, to_device, suite.batches, clock))
     finally:
-        close(train), close(val), stop(plain)
+        template.close(), plain.close()  # the workers stop before the next row is timed
     ratios = [t / b for t, b in zip(template_rates, bare_rates, strict=True)]
     return {
         "loader": loader,

@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 
 from repro.benchmarks.common import Column, Result, train_overrides
 from repro.errors import UserError
-from repro.runtime.transfer import select_device
+from repro.runtime.devices import select_device
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from repro import build
 from repro.benchmarks import common
 from repro.benchmarks.common import Column, Result
 from repro.errors import UserError
-from repro.runtime.transfer import select_device
+from repro.runtime.devices import select_device
 
 AXES = ("memory_format", "amp", "loader", "pin_memory", "cudnn_benchmark", "compile")
 PLAIN = {
@@ -109,7 +109,7 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
         wall = time.perf_counter() - started
     finally:
         source.close()
-        common.release(trainer)
+        trainer.close()
     steps = common.percentiles([1000 * s for s in clock.intervals()])
     return {
         "images_per_s": images / wall,

@@ -1,6 +1,6 @@
 """suite=overhead: what the template's loop costs over a bare loop.
 
-A (template): `Trainer._fit` itself, as `python -m repro.train` runs it: data-wait accounting,
+A (template): `Trainer.run` itself, as `python -m repro.train` runs it: data-wait accounting,
 losses kept on the device and flushed to fingerprints.csv with a weights hash, the progress
 bar, stop-signal and fault checks. Only the evaluation and the checkpoint at the end of a
 repetition are left out (a bare loop has neither).
@@ -29,6 +29,7 @@ from torch import nn
 from repro import build
 from repro.benchmarks import common
 from repro.benchmarks.common import Column, Result
+from repro.data.loader import Batches
 from repro.engine.loop import Position, Trainer
 from repro.engine.metrics import Throughput
 
@@ -76,26 +77,27 @@ def bare(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float
     trainer.sampler.set_epoch(epoch)
     clock.sync()
     started = time.perf_counter()
-    batches = iter(loader)
-    for _ in range(steps):
-        images, labels = next(batches)
-        images = images.to(device, non_blocking=True)
-        if not images.is_floating_point():  # CPU loader workers hand over normalised floats
-            images = images.float().mul_(norm.scale).add_(norm.shift)
-        labels = labels.to(device, non_blocking=True)
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-            loss = nn.functional.cross_entropy(model(images), labels, label_smoothing=smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if clip is not None:
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-    del batches
+    with Batches(loader) as batches:
+        for images, labels in batches.take(steps):
+            images = images.to(device, non_blocking=True)
+            if not images.is_floating_point():  # CPU loader workers hand over normalised floats
+                images = images.float().mul_(norm.scale).add_(norm.shift)
+            labels = labels.to(device, non_blocking=True)
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            autocast = torch.autocast(
+                device.type, dtype=dtype or torch.bfloat16, enabled=bool(dtype)
+            )
+            with autocast:
+                loss = nn.functional.cross_entropy(model(images), labels, label_smoothing=smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if clip is not None:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), clip)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
     clock.sync()
     return time.perf_counter() - started
 
@@ -132,7 +134,7 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
                     }
                 )
     finally:
-        common.release(trainer)
+        trainer.close()
     speed = {name: [r["images_per_s"] for r in rows if r["loop"] == name] for name in loops}
     median = statistics.median(ratios)
     summary = {

@@ -3,7 +3,7 @@
 The whole uint8 split is copied to the device once. Each batch is one gather from it plus a
 vectorised crop and flip (`Compose.batch`), with no worker processes and no host-to-device
 copy of images. The keys are those of the DataLoader path: the epoch's order comes from the
-same `EpochBatches` sampler (the "order" stream, `set_epoch(epoch, start_batch)` for exact
+same `EpochBatches` sampler (the "order" stream, started at the saved position for exact
 resume) and each sample's crop offsets and flip are the same pure function of (augment stream,
 epoch, index), computed on the device for the whole batch (`seeding.SampleKeys`). So for a
 seed and an epoch the batches are the DataLoader's, to the byte, and so are the final weights.
@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from repro.data.datasets import Source, Splits
-from repro.data.loader import Batch, BatchMaker, EpochBatches
+from repro.data.loader import Batch, BatchMaker, LoaderContext
+from repro.data.samplers import EpochBatches
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.errors import ConfigError
@@ -64,48 +65,40 @@ class DeviceTrainLoader:
 
 
 class DeviceEvalLoader:
-    """A device-resident split in stored order (rank r of `world` takes every world-th image)."""
+    """A device-resident split in stored order, pass after pass (`len` is one pass; rank r of
+    `world` takes every world-th image)."""
 
     def __init__(
-        self,
-        source: Source,
-        transform: Compose,
-        batch_size: int,
-        device: torch.device,
-        rank: int = 0,
-        world: int = 1,
+        self, source: Source, transform: Compose, batch_size: int, context: LoaderContext
     ) -> None:
-        self.dataset = _on_device(source, transform, device)
+        self.dataset = _on_device(source, transform, context.device)
         self.maker, self.batch_size = BatchMaker(self.dataset, transform), batch_size
-        self.indices = torch.arange(rank, len(source), world, device=device)
+        self.indices = torch.arange(context.rank, len(source), context.world, device=context.device)
 
     def __len__(self) -> int:
         return -(-len(self.indices) // self.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
-        for chunk in self.indices.split(self.batch_size):
-            yield self.maker(chunk)
+        while True:
+            for chunk in self.indices.split(self.batch_size):
+                yield self.maker(chunk)
 
 
 def loaders(
     cfg: Any,
     data: Splits,
-    train_transform: Compose,
-    eval_transform: Compose,
+    pipelines: tuple[Compose, Compose],
     batch_size: int,
-    root_seed: int,
-    device: torch.device,
-    rank: int = 0,
-    world: int = 1,
+    context: LoaderContext,
 ) -> tuple[DeviceTrainLoader, EpochBatches, DeviceEvalLoader]:
     """The train loader, its sampler and the validation loader, as `build.loaders` returns them."""
-    sampler = EpochBatches(len(data.train), batch_size, root_seed, rank, world)
+    seed, rank, world = context.root_seed, context.rank, context.world
+    sampler = EpochBatches(len(data.train), batch_size, seed, rank, world)
     if sampler.batches_per_epoch() == 0:
         allowed = f"at most the {len(data.train)} training images (over all ranks)"
         raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, allowed)
-    augment = stream_seed(root_seed, "augment")
-    train = DeviceTrainLoader(data.train, train_transform, sampler, augment, device)
-    val = DeviceEvalLoader(
-        data.val, eval_transform, cfg.trainer.eval_batch_size, device, rank, world
-    )
+    train_transform, eval_transform = pipelines
+    augment = stream_seed(seed, "augment")
+    train = DeviceTrainLoader(data.train, train_transform, sampler, augment, context.device)
+    val = DeviceEvalLoader(data.val, eval_transform, cfg.trainer.eval_batch_size, context)
     return train, sampler, val

@@ -10,60 +10,82 @@ replaying data.
 For in-memory sources the views build a whole batch at once (`__getitems__`, which the
 DataLoader calls with the batch's keys): one gather and vectorised crop and flip, with the
 draws of all samples computed at once, equal to those of the per-sample path.
+
+A run reads each loader through one `Batches` iterator, so its workers start once per run.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
 import secrets
+import signal
+import sys
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from repro.data.datasets import Source, Splits
+from repro.data.samplers import EpochBatches, EvalBatches
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.runtime.seeding import SampleKeys, seed_worker, stream_seed, torch_generator
 from repro.runtime.transfer import host_to_device
 
+CPU = torch.device("cpu")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
-class EpochBatches(Sampler[list[tuple[int, int]]]):
-    """Shuffled batches of (epoch, index) keys, starting at any batch of any epoch.
 
-    With `world` ranks, step b of an epoch takes the next `batch_size * world` indices of the
-    epoch's order and rank r gets the r-th slice of `batch_size`: the ranks see disjoint data
-    and together cover the epoch (up to the incomplete last global batch, which is dropped).
+@dataclass(frozen=True)
+class LoaderContext:
+    """What a loader needs to know of the process it feeds: the run's root seed, its rank
+    among `world` ranks, the training device and whether batches are pinned for it."""
+
+    root_seed: int
+    rank: int = 0
+    world: int = 1
+    device: torch.device = CPU
+    pin_memory: bool = False
+
+
+class Batches:
+    """A loader's batches through one iterator that lives until `close`.
+
+    Its workers start once and keep prefetching across epoch and evaluation boundaries.
+    `close` drops the only reference to the iterator, whose finaliser stops the workers in
+    order: left to interpreter exit (after an error, say), they are terminated while
+    multiprocessing joins them, and torch reports that as a second, confusing error.
     """
 
-    def __init__(
-        self, size: int, batch_size: int, root_seed: int, rank: int = 0, world: int = 1
-    ) -> None:
-        self.size, self.batch_size, self.root_seed = size, batch_size, root_seed
-        self.rank, self.world = rank, world
-        self.epoch, self.start = 0, 0
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader, self.iterator = loader, None
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.epoch, self.start = epoch, start_batch
+    def __iter__(self) -> Iterator[Any]:
+        return self
 
-    def batches_per_epoch(self) -> int:
-        return self.size // (self.batch_size * self.world)
+    def __next__(self) -> Any:
+        if self.iterator is None:
+            self.iterator = iter(self.loader)
+        return next(self.iterator)
 
-    def order(self, epoch: int) -> torch.Tensor:
-        """The epoch's order, the same on every rank: a pure function of (seed, epoch)."""
-        return torch.randperm(self.size, generator=torch_generator(self.root_seed, "order", epoch))
+    def take(self, count: int) -> Iterator[Any]:
+        """The next `count` batches."""
+        for _ in range(count):
+            yield next(self)
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        order = self.order(self.epoch).tolist()
-        step = self.batch_size * self.world
-        for batch in range(self.start, self.batches_per_epoch()):
-            first = batch * step + self.rank * self.batch_size
-            yield [(self.epoch, index) for index in order[first : first + self.batch_size]]
+    def close(self) -> None:
+        self.iterator = None
 
-    def __len__(self) -> int:
-        return self.batches_per_epoch() - self.start
+    def __enter__(self) -> Batches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class TrainView(Dataset):
@@ -213,31 +235,34 @@ def collate(data: Batch | SlotRef | list[Any]) -> Any:
     return data if isinstance(data, Batch | SlotRef) else default_collate(data)
 
 
-def close(loader: DataLoader) -> None:
-    """Stop a loader's persistent workers now, in order.
+def start_worker(worker_id: int) -> None:
+    """Seed the worker, and on Linux have it killed with the main process.
 
-    Left to interpreter exit (after an error, say), workers are terminated while
-    multiprocessing joins them, and torch reports that as a second, confusing error.
+    A worker whose main process was killed (SIGKILL, the OOM killer, a scheduler) would
+    otherwise wait forever at exit to flush batches nobody will read, holding the run's
+    output pipes and shared memory.
     """
-    loader = getattr(loader, "wrapped", loader)  # behind a transfer.Prefetcher
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    loader._iterator = None
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        parent = multiprocessing.parent_process()
+        if parent is not None and os.getppid() != parent.pid:  # died before the prctl
+            os._exit(1)
+    seed_worker(worker_id)
 
 
-def _loader_options(cfg: Any, pin_memory: bool, root_seed: int) -> dict[str, Any]:
+def _loader_options(cfg: Any, context: LoaderContext) -> dict[str, Any]:
     workers = int(cfg.num_workers)
     options: dict[str, Any] = {
         "num_workers": workers,
-        "pin_memory": pin_memory,
-        "worker_init_fn": seed_worker,
+        "pin_memory": context.pin_memory,
+        "worker_init_fn": start_worker,
         "collate_fn": collate,
         # Seeds the workers' base seed without touching torch's global stream.
-        "generator": torch_generator(root_seed, "loader"),
+        "generator": torch_generator(context.root_seed, "loader"),
     }
     if workers > 0:
-        options["persistent_workers"] = bool(cfg.persistent_workers)
+        # No persistent_workers: the run reads each loader through one iterator (`Batches`),
+        # so its workers live for the run anyway, and nothing keeps a hidden iterator alive.
         options["prefetch_factor"] = int(cfg.prefetch_factor)
         # The platform's own start method, named explicitly: inside a joblib (loky) job the
         # process-wide default is loky's, which cannot start DataLoader workers.
@@ -250,19 +275,17 @@ def train_loader(
     transform: Compose,
     batch_size: int,
     loader_cfg: Any,
-    pin_memory: bool,
-    root_seed: int,
-    rank: int = 0,
-    world: int = 1,
+    context: LoaderContext,
     prepare_in_workers: Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]] | None = None,
 ) -> tuple[DataLoader, EpochBatches]:
-    """The training DataLoader and its sampler (call `sampler.set_epoch` before each epoch).
+    """The training DataLoader and its sampler (`sampler.set_epoch` says where to start).
 
     With `prepare_in_workers` (CPU training), workers that build whole batches also apply it.
     """
-    sampler = EpochBatches(len(splits.train), batch_size, root_seed, rank, world)
-    view = TrainView(splits.train, transform, stream_seed(root_seed, "augment"))
-    options = _loader_options(loader_cfg, pin_memory, root_seed)
+    seed = context.root_seed
+    sampler = EpochBatches(len(splits.train), batch_size, seed, context.rank, context.world)
+    view = TrainView(splits.train, transform, stream_seed(seed, "augment"))
+    options = _loader_options(loader_cfg, context)
     if options["num_workers"] > 0 and view.maker is not None:
         view.prepare = prepare_in_workers
     sample = view.__getitems__([(0, 0)] * batch_size)
@@ -273,20 +296,9 @@ def train_loader(
 
 
 def eval_loader(
-    source: Source,
-    transform: Compose,
-    batch_size: int,
-    loader_cfg: Any,
-    pin_memory: bool,
-    root_seed: int,
-    rank: int = 0,
-    world: int = 1,
+    source: Source, transform: Compose, batch_size: int, loader_cfg: Any, context: LoaderContext
 ) -> DataLoader:
-    """Batches of a split in its stored order; with `world` ranks, rank r takes every world-th
-    image from the r-th, so summed over ranks each image counts exactly once."""
-    options = _loader_options(loader_cfg, pin_memory, root_seed)
+    """Batches of a split in its stored order, pass after pass (`EvalBatches`)."""
+    batches = EvalBatches(len(source), batch_size, context.rank, context.world)
     view = EvalView(source, transform)
-    if world == 1:
-        return DataLoader(view, batch_size=batch_size, shuffle=False, **options)
-    shard = range(rank, len(source), world)
-    return DataLoader(view, batch_size=batch_size, sampler=shard, **options)
+    return DataLoader(view, batch_sampler=batches, **_loader_options(loader_cfg, context))

@@ -17,16 +17,17 @@ from torch.utils.data import DataLoader
 
 from repro import build
 from repro.data.datasets import Splits
-from repro.data.loader import EpochBatches
+from repro.data.loader import LoaderContext
+from repro.data.samplers import EpochBatches
 from repro.engine import preflight
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.loop import LoopSettings, Trainer
 from repro.runtime import compilation, determinism, distributed, threads
+from repro.runtime.devices import reuse_host_memory, select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-from repro.runtime.transfer import reuse_host_memory, select_device, use_pinned_memory
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,9 @@ def build_parts(cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = No
     the data), optimizer and schedule."""
     data = data or build.splits(cfg, root_seed)
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, knobs.device)
-    train_loader, sampler, val_loader = build.loaders(
-        cfg, data, pin_memory, root_seed, knobs.dist.rank, knobs.dist.world, knobs.device
-    )
+    rank, world = knobs.dist.rank, knobs.dist.world
+    context = LoaderContext(root_seed, rank, world, knobs.device, pin_memory)
+    train_loader, sampler, val_loader = build.loaders(cfg, data, context)
     model = build.model(cfg, root_seed)
     preflight.check_classes(model, data, cfg.data.image_size)
     model = knobs.memory_format.model(model.to(knobs.device))

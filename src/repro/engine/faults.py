@@ -1,4 +1,5 @@
-"""Crash injection for the exactness tests: `REPRO_FAULT=<point>:<step>` SIGKILLs the process.
+"""Fault injection for the exactness tests: `REPRO_FAULT=<point>:<step>[:<signal>]` sends this
+process a signal there, SIGKILL unless another is named (`step:5:SIGTERM`).
 
 Points: `step` (right after that optimizer step, once the checkpoints started before it are
 on disk, so that a test knows which one a resume starts from), `checkpoint` (while the
@@ -12,12 +13,12 @@ import os
 import signal
 from collections.abc import Callable
 
-_FAULT = os.environ.get("REPRO_FAULT", "")
+_FAULT, _, _SIGNAL = os.environ.get("REPRO_FAULT", "").partition(":SIG")
 
 
 def point(name: str, step: int, settle: Callable[[], None] | None = None) -> None:
-    """SIGKILL this process if REPRO_FAULT names this point and step (after `settle()`)."""
+    """Signal this process if REPRO_FAULT names this point and step (after `settle()`)."""
     if _FAULT and f"{name}:{step}" == _FAULT:
         if settle is not None:
             settle()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.Signals[f"SIG{_SIGNAL}"] if _SIGNAL else signal.SIGKILL)

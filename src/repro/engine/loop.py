@@ -15,12 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 from torch.utils.data import DataLoader
 
-from repro.data.loader import EpochBatches, close
+from repro.data.loader import Batches
+from repro.data.samplers import EpochBatches
 from repro.engine import faults
 from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
+from repro.engine.evaluation import evaluate
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
-from repro.engine.metrics import Throughput, evaluate, weights_sha256
+from repro.engine.metrics import Throughput, weights_sha256
 from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
 from repro.errors import CheckpointError, UserError
@@ -76,6 +78,7 @@ class Trainer:
     def __post_init__(self) -> None:
         if self.forward_model is None:
             self.forward_model = self.model
+        self.val_batches = Batches(self.val_loader)  # one iterator: its workers start once
 
     # ---- state -------------------------------------------------------------------------
 
@@ -122,59 +125,65 @@ class Trainer:
         try:
             return self.run()
         finally:
-            if self.settings.sync_debug and self.device.type == "cuda":
-                torch.cuda.set_sync_debug_mode(0)
-            close(self.train_loader)
-            close(self.val_loader)
-            self.checkpointer.wait()  # the run ends with its last checkpoint on disk
+            self.close()
+
+    def close(self) -> None:
+        """Stop the validation workers and wait for the last checkpoint to be on disk."""
+        if self.settings.sync_debug and self.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+        self.val_batches.close()
+        self.checkpointer.wait()
 
     def run(self) -> dict[str, float]:
-        """The loop itself, without closing the loaders or waiting for the last checkpoint."""
-        batches_per_epoch = self.sampler.batches_per_epoch()
+        """The loop itself, without stopping the validation workers or waiting for the last
+        checkpoint. The training batches come through one iterator from the saved position
+        to the end, so its workers start once and prefetch across epoch boundaries."""
+        per_epoch = self.sampler.batches_per_epoch()
+        pos = self.position
+        to_read = pos.batch + max(self.total_steps - pos.step, 0)  # from this epoch's start
+        self.sampler.set_epoch(pos.epoch, pos.batch, epochs=-(-to_read // per_epoch))
+        with Batches(self.train_loader) as batches:
+            self._run(batches, per_epoch)
+        return self.last_eval
+
+    def _run(self, batches: Batches, per_epoch: int) -> None:
         watch_syncs = self.settings.sync_debug and self.device.type == "cuda"
         self.model.train()
         with StopRequest() as stop, self._progress() as progress:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
             losses: list[torch.Tensor] = []
+            pos = self.position
             while not self._finished():
-                pos = self.position
-                self.sampler.set_epoch(pos.epoch, start_batch=pos.batch)
-                batches = iter(self.train_loader)
-                for _ in range(pos.batch, batches_per_epoch):
-                    waited = time.perf_counter()
-                    images, labels = self.to_device(*next(batches))
-                    throughput.waited(time.perf_counter() - waited, len(labels))
-                    losses.append(self.train_step(images, labels))
-                    pos.batch += 1
-                    pos.step += 1
-                    if not progress.disable:
-                        progress.advance(task)
-                    faults.point("step", pos.step, settle=self.checkpointer.wait)
-                    if watch_syncs:  # from the second step: the first compiles and autotunes
-                        torch.cuda.set_sync_debug_mode("warn")
-                        watch_syncs = False
-                    if pos.step % self.settings.fingerprint_every_steps == 0:
-                        self.flush_losses(losses)  # with a weights hash at this step
-                    epoch_ended = pos.batch == batches_per_epoch
-                    if epoch_ended:
-                        pos.epoch, pos.batch = pos.epoch + 1, 0
-                    if self._evaluate_now(epoch_ended):
-                        self.evaluate_and_log(losses, throughput)
-                    if self._checkpoint_now(epoch_ended):
-                        self.checkpoint(losses)
-                    signum = self.agreed_signal(stop)
-                    if signum is not None or pos.step == self.settings.halt_at_step:
-                        self.checkpoint(losses)
-                        self.stopped_by = signum
-                        return self.last_eval
-                    if self._finished():
-                        break
-                del batches  # end this epoch's iterator before the next one starts
-            if not self.last_eval or self.last_eval["step"] != self.position.step:
+                waited = time.perf_counter()
+                images, labels = self.to_device(*next(batches))
+                throughput.waited(time.perf_counter() - waited, len(labels))
+                losses.append(self.train_step(images, labels))
+                pos.batch += 1
+                pos.step += 1
+                if not progress.disable:
+                    progress.advance(task)
+                faults.point("step", pos.step, settle=self.checkpointer.wait)
+                if watch_syncs:  # from the second step: the first compiles and autotunes
+                    torch.cuda.set_sync_debug_mode("warn")
+                    watch_syncs = False
+                if pos.step % self.settings.fingerprint_every_steps == 0:
+                    self.flush_losses(losses)  # with a weights hash at this step
+                epoch_ended = pos.batch == per_epoch
+                if epoch_ended:
+                    pos.epoch, pos.batch = pos.epoch + 1, 0
+                if self._evaluate_now(epoch_ended):
+                    self.evaluate_and_log(losses, throughput)
+                if self._checkpoint_now(epoch_ended):
+                    self.checkpoint(losses)
+                signum = self.agreed_signal(stop)
+                if signum is not None or pos.step == self.settings.halt_at_step:
+                    self.checkpoint(losses)
+                    self.stopped_by = signum
+                    return
+            if not self.last_eval or self.last_eval["step"] != pos.step:
                 self.evaluate_and_log(losses, throughput)
                 self.checkpoint(losses)
-        return self.last_eval
 
     def _finished(self) -> bool:
         return self.position.step >= self.total_steps
@@ -267,7 +276,7 @@ class Trainer:
         distributed.broadcast_buffers(self.model, self.dist)
         result = evaluate(
             self.model,
-            self.val_loader,
+            self.val_batches.take(len(self.val_loader)),
             self.to_device,
             self.memory_format.batch,
             self.precision.autocast,

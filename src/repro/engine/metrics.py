@@ -1,17 +1,12 @@
-"""Numbers about a run: the weights hash, evaluation, and throughput/data-wait accounting."""
+"""Numbers about a run: the weights hash and throughput/data-wait accounting."""
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
-
-from repro.runtime import distributed
 
 
 def weights_sha256(model: nn.Module) -> str:
@@ -39,43 +34,6 @@ def host_bytes(tensors: list[torch.Tensor], gather: bool) -> list[torch.Tensor]:
         return [part.cpu() for part in raw]
     flat = torch.cat([part.to(raw[0].device) for part in raw]).cpu()
     return list(flat.split([len(part) for part in raw]))
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    loader: DataLoader,
-    to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    prepare: Callable[[torch.Tensor], torch.Tensor],
-    autocast: Callable[[], AbstractContextManager[None]],
-    dist: distributed.Context | None = None,
-) -> dict[str, float]:
-    """Mean cross-entropy and accuracy over a loader (its shards summed over torchrun ranks)."""
-    was_training = model.training
-    model.eval()
-    # Sums stay on the device until the end (a read per batch would wait for the GPU each
-    # time), and start there: a host scalar copied in would wait too.
-    device = next(model.parameters()).device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    for images, labels in loader:
-        images, labels = to_device(images, labels)
-        with autocast():
-            logits = model(prepare(images))
-        # Per-image losses summed in float64: the total does not depend on how the images
-        # were batched (or sharded over ranks) beyond the logits' own last bits.
-        losses = nn.functional.cross_entropy(logits.float(), labels, reduction="none")
-        loss_sum += losses.double().sum()
-        correct += (logits.argmax(1) == labels).sum().double()
-        count += len(labels)
-    model.train(was_training)
-    # One copy to the host: one wait for a GPU.
-    totals = torch.stack([loss_sum, correct, torch.full_like(loss_sum, count)]).cpu()
-    if dist is not None:
-        totals = distributed.sum_tensor(totals, dist)
-    loss_total, correct_total, images = totals.tolist()
-    return {"loss": loss_total / images, "acc": correct_total / images}
 
 
 class Throughput:

@@ -1,0 +1,49 @@
+"""Evaluation: loss and accuracy of a model over a split."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+
+import torch
+from torch import nn
+
+from repro.runtime import distributed
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    prepare: Callable[[torch.Tensor], torch.Tensor],
+    autocast: Callable[[], AbstractContextManager[None]],
+    dist: distributed.Context | None = None,
+) -> dict[str, float]:
+    """Mean cross-entropy and accuracy over `batches` (summed over torchrun ranks, each of
+    which evaluates its own shard)."""
+    was_training = model.training
+    model.eval()
+    # Sums stay on the device until the end (a read per batch would wait for the GPU each
+    # time), and start there: a host scalar copied in would wait too.
+    device = next(model.parameters()).device
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for images, labels in batches:
+        images, labels = to_device(images, labels)
+        with autocast():
+            logits = model(prepare(images))
+        # Per-image losses summed in float64: the total does not depend on how the images
+        # were batched (or sharded over ranks) beyond the logits' own last bits.
+        losses = nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+        loss_sum += losses.double().sum()
+        correct += (logits.argmax(1) == labels).sum().double()
+        count += len(labels)
+    model.train(was_training)
+    # One copy to the host: one wait for a GPU.
+    totals = torch.stack([loss_sum, correct, torch.full_like(loss_sum, count)]).cpu()
+    if dist is not None:
+        totals = distributed.sum_tensor(totals, dist)
+    loss_total, correct_total, images = totals.tolist()
+    return {"loss": loss_total / images, "acc": correct_total / images}
