@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from PIL import Image
 
 import repro.train  # registers the schema and resolvers
 from repro.launch import expand_seed_shorthand
@@ -62,6 +64,42 @@ def run_cli(module: str, *args: str, env: dict[str, str] | None = None, timeout:
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+SHAPES = ("circle", "bar", "blank")
+
+
+def draw_shape(kind: str, height: int, width: int, rng: np.random.Generator) -> Image.Image:
+    """A bright circle, a bright vertical bar or nothing, on a dim background of random shade."""
+    pixels = np.full((height, width, 3), rng.integers(40, 90), dtype=np.uint8)
+    if kind == "circle":
+        y, x = np.ogrid[:height, :width]
+        pixels[(y - height / 2) ** 2 + (x - width / 2) ** 2 < (min(height, width) / 3) ** 2] = 220
+    elif kind == "bar":
+        pixels[:, width // 3 : 2 * width // 3] = 220
+    return Image.fromarray(pixels)
+
+
+def make_image_tree(
+    root: Path, per_class: int = 12, val_per_class: int | None = None, classes=SHAPES
+) -> Path:
+    """An ImageFolder tree (train/<class>/*.png and val/...) of PNGs of uneven, non-square
+    sizes that a small network can tell apart."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", per_class), ("val", val_per_class or per_class)):
+        for kind in classes:
+            folder = root / split / kind
+            folder.mkdir(parents=True)
+            for i in range(count):
+                height, width = (int(side) for side in rng.integers(36, 60, size=2))
+                draw_shape(kind, height, width, rng).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def image_tree(tmp_path: Path) -> Path:
+    """A fresh image tree of the three shapes, 12 images per class and split."""
+    return make_image_tree(tmp_path / "images")
 
 
 @pytest.fixture(autouse=True)

@@ -97,6 +97,7 @@ def test_overhead_suite_compares_the_loop_with_a_bare_one(bench, tmp_path):
     assert summary["accepted"] == (summary["template_over_bare"] >= summary["accept_at_least"])
 
 
+@pytest.mark.e2e
 def test_startup_suite_from_the_command_line(tmp_path):
     done = run_cli("repro.bench", "suite=startup", "suite.repeats=1", *tiny(),
                    f"hydra.run.dir={tmp_path}")  # fmt: skip
@@ -131,6 +132,7 @@ def test_bad_suite_settings_are_named_before_anything_runs(bench, tmp_path, over
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.e2e
 def test_a_bad_setting_on_the_command_line_exits_2_without_a_traceback(tmp_path):
     done = run_cli("repro.bench", "suite=overhead", "suite.pairs=-1", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
@@ -172,6 +174,7 @@ def test_the_fp16_runs_drop_the_exact_preset_and_keep_its_other_settings(tmp_pat
     assert not cfg.cudnn.benchmark and not cfg.trainer.compile
 
 
+@pytest.mark.e2e
 def test_exactness_suite_passes_on_this_machine(tmp_path):
     done = run_cli("repro.bench", *EXACTNESS, "suite.kill_seed=0", *tiny(),
                    f"hydra.run.dir={tmp_path}")  # fmt: skip
@@ -204,6 +207,7 @@ class Noisy(SmallCNN):
 """
 
 
+@pytest.mark.e2e
 def test_a_failing_check_is_reported_and_the_command_exits_1(tmp_path):
     (tmp_path / "noisy_model.py").write_text(NOISY_MODEL)
     done = run_cli(

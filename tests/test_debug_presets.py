@@ -10,9 +10,8 @@ from hydra.utils import instantiate
 
 from repro import build, config
 from repro.errors import ConfigError
-from test_readme_byo import make_images
 
-from conftest import compose_config, tiny, train_in_process
+from conftest import compose_config, make_image_tree, tiny, train_in_process
 
 QUICK = ["dataloader=debug", "model.widths=[8,16]", "logger.fingerprint_every_steps=2"]
 
@@ -65,10 +64,10 @@ def test_limit_keeps_a_seeded_fraction_of_every_split():
 
 
 def test_limit_on_an_image_folder_without_test_evaluates_on_the_same_val_subset(tmp_path):
-    root = make_images(tmp_path / "images")  # train/ and val/, no test/
+    root = make_image_tree(tmp_path / "images", 16, 4)  # train/ and val/, no test/
     cfg = compose_config("data=imagefolder", f"data.root={root}", "data.fraction=0.5")
     limited = build.splits(cfg, root_seed=0)
-    assert (len(limited.train), len(limited.val)) == (16, 4) and limited.test is limited.val
+    assert (len(limited.train), len(limited.val)) == (24, 6) and limited.test is limited.val
 
 
 def test_limit_trains(tmp_path):
@@ -86,7 +85,7 @@ def test_experiments_compose():
     cifar = compose_config("experiment=cifar10_resnet18")
     assert (cifar.data.name, cifar.trainer.epochs, cifar.trainer.batch_size) == ("cifar10", 30, 512)
     images = compose_config("experiment=imagefolder_example", "data.root=/somewhere")
-    assert images.data.name == "imagefolder" and images.dataloader.name == "fast"
+    assert images.data.name == "imagefolder" and images.dataloader.num_workers == 6  # fast
     assert images.data.root == "/somewhere"
 
 

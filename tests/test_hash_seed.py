@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, read_summary, tiny
 
 
@@ -20,6 +22,7 @@ def run_without_hash_seed(run_dir, value: str | None):
     return read_summary(run_dir)["env"]["pythonhashseed"]
 
 
+@pytest.mark.e2e
 def test_entry_point_pins_the_hash_seed_and_respects_the_users(tmp_path):
     assert run_without_hash_seed(tmp_path / "unset", None) == "0"
     assert run_without_hash_seed(tmp_path / "user", "123") == "123"

@@ -43,6 +43,7 @@ def project(tmp_path_factory) -> Path:
     return dest
 
 
+@pytest.mark.e2e
 def test_the_package_is_renamed_everywhere(project):
     assert (project / "src" / NAME / "train.py").is_file()
     assert not (project / "src" / TEMPLATE).exists()
@@ -61,6 +62,7 @@ def test_the_package_is_renamed_everywhere(project):
     assert "## Reproducibility" in (project / "README.md").read_text()  # only the name changed
 
 
+@pytest.mark.e2e
 def test_fresh_history_provenance_and_nothing_left_over(project):
     assert git("rev-list", "--count", "HEAD", cwd=project).strip() == "1"
     assert git("status", "--porcelain", cwd=project) == ""  # every file is in that commit
@@ -76,6 +78,7 @@ def test_fresh_history_provenance_and_nothing_left_over(project):
     assert [p.name for p in (project / "conf" / "local").iterdir()] == [".gitkeep"]
 
 
+@pytest.mark.e2e
 def test_the_new_project_trains_from_its_own_code(project, tmp_path):
     # The current venv has every dependency, so PYTHONPATH stands in for a second `uv sync`.
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "PYTHONHASHSEED": "0"}
@@ -91,6 +94,7 @@ def test_the_new_project_trains_from_its_own_code(project, tmp_path):
     assert f"_target_: {NAME}.models.small_cnn.SmallCNN" in resolved
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
 def test_the_lock_file_still_matches_the_project(project):
     done = subprocess.run(
@@ -99,6 +103,7 @@ def test_the_lock_file_still_matches_the_project(project):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.e2e
 def test_a_generated_project_starts_projects_too(project, tmp_path):
     done = subprocess.run(
         [sys.executable, str(project / "scripts" / "new_project.py"), "grandchild",
@@ -112,6 +117,7 @@ def test_a_generated_project_starts_projects_too(project, tmp_path):
     assert not [p for p in files(made) if NAME in p.read_text() and p.name != "TEMPLATE.md"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["2fast", "my-exp", "class", "torch", "hydra", "test", "os"])
 def test_bad_names_are_refused_in_one_line(name, tmp_path):
     done = new_project(name, "--dest", str(tmp_path / "out"))
@@ -120,6 +126,7 @@ def test_bad_names_are_refused_in_one_line(name, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e
 def test_a_non_empty_destination_is_refused(tmp_path):
     (tmp_path / "mine.txt").write_text("keep me")
     done = new_project(NAME, "--dest", str(tmp_path))
@@ -134,6 +141,7 @@ def load_script():
     return module
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("use_git", [True, False], ids=["git", "no-git"])
 def test_ignored_files_stay_behind_and_dest_defaults_to_a_sibling(use_git, tmp_path, monkeypatch):
     """A fake template full of things not to copy, with or without git; no git identity."""

@@ -14,6 +14,7 @@ from repro.files import atomic_path, write_text_atomic
 from conftest import read_summary, run_cli, tiny
 
 
+@pytest.mark.e2e
 def test_run_folder_holds_every_output(tmp_path):
     run_dir = tmp_path / "run"
     done = run_cli(
@@ -61,6 +62,7 @@ def test_run_folder_holds_every_output(tmp_path):
     assert abs(result["loss"] - summary["val_loss"]) < 1e-9
 
 
+@pytest.mark.e2e
 def test_evaluate_test_split_and_bad_arguments(tmp_path):
     run_dir = tmp_path / "run"
     assert run_cli("repro.train", *tiny(), f"hydra.run.dir={run_dir}").returncode == 0

@@ -12,17 +12,16 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
-from PIL import Image
+import pytest
 
-from conftest import ROOT
+from conftest import ROOT, make_image_tree
 
 SMALL = [
     "trainer.max_steps=2", "trainer.batch_size=8", "trainer.eval_batch_size=32",
     "dataloader=debug", "logger.plot=false", "logger.progress=off",
 ]  # fmt: skip
+CLASSES = ("circle", "bar")  # two class folders: num_classes must come out as 2
 
 
 def block(marker: str) -> str:
@@ -33,27 +32,13 @@ def block(marker: str) -> str:
     return found[0]
 
 
-def make_images(root: Path) -> Path:
-    """Two classes (dark, bright) of small PNGs of uneven sizes, in train/ and val/."""
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 16), ("val", 4)):
-        for label, level in (("dark", 60), ("bright", 190)):
-            folder = root / split / label
-            folder.mkdir(parents=True)
-            for i in range(count):
-                size = (int(rng.integers(36, 56)), int(rng.integers(36, 56)), 3)
-                pixels = np.clip(rng.normal(level, 30, size), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(folder / f"{i}.png")
-    return root
-
-
+@pytest.mark.e2e
 def test_the_bring_your_own_commands_train(tmp_path):
     model_code = block("byo-model")
     module_name = re.match(r"# (\w+\.py)\n", model_code).group(1)
     (tmp_path / module_name).write_text(model_code)
-    script, replaced = re.subn(
-        r"^IMAGES=.*$", f"IMAGES={make_images(tmp_path / 'images')}", block("byo"), flags=re.M
-    )
+    images = make_image_tree(tmp_path / "images", 16, 4, CLASSES)
+    script, replaced = re.subn(r"^IMAGES=.*$", f"IMAGES={images}", block("byo"), flags=re.M)
     assert replaced == 1
     commands = script.count("python -m repro.train")
     assert commands >= 2

@@ -36,6 +36,7 @@ def finished(tmp_path_factory):
     return run_dir, command
 
 
+@pytest.mark.e2e
 def test_rerunning_a_finished_run_changes_no_file(finished):
     run_dir, command = finished
     before = snapshot(run_dir)
@@ -45,6 +46,7 @@ def test_rerunning_a_finished_run_changes_no_file(finished):
     assert snapshot(run_dir) == before
 
 
+@pytest.mark.e2e
 def test_a_resume_under_another_seed_is_refused_naming_both(finished):
     run_dir, command = finished
     before = snapshot(run_dir)
@@ -57,6 +59,7 @@ def test_a_resume_under_another_seed_is_refused_naming_both(finished):
     assert after == before
 
 
+@pytest.mark.e2e
 def test_a_shorter_config_is_refused(finished):
     _, command = finished
     done = run_cli("repro.train", *command, "trainer.max_steps=2")
@@ -64,6 +67,7 @@ def test_a_shorter_config_is_refused(finished):
     assert "6 steps" in done.stderr and "asks for 2" in done.stderr
 
 
+@pytest.mark.e2e
 def test_an_extension_keeps_the_first_record_and_adds_its_own(tmp_path):
     run_dir = tmp_path / "run"
     command = [*tiny(), f"hydra.run.dir={run_dir}"]
@@ -87,6 +91,7 @@ def test_an_extension_keeps_the_first_record_and_adds_its_own(tmp_path):
     assert read_summary(run_dir)["step"] == 12
 
 
+@pytest.mark.e2e
 def test_a_refused_first_try_leaves_hydra_to_the_first_attempt_that_trains(tmp_path):
     run_dir = tmp_path / "run"
     assert (
@@ -99,6 +104,7 @@ def test_a_refused_first_try_leaves_hydra_to_the_first_attempt_that_trains(tmp_p
     assert [a["config"] for a in attempts(run_dir)] == [".hydra"]
 
 
+@pytest.mark.e2e
 def test_a_killed_attempt_stays_marked_running_and_the_resume_is_recorded(tmp_path):
     run_dir = tmp_path / "run"
     command = [*tiny("trainer.checkpoint_every_steps=2"), f"hydra.run.dir={run_dir}"]

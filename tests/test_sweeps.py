@@ -23,6 +23,7 @@ def job_dirs(sweep_dir):
     return sorted((p for p in sweep_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
+@pytest.mark.e2e
 def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = run_cli(
@@ -49,6 +50,7 @@ def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
     assert seed0["weights_sha256"] == alone["weights_sha256"]
 
 
+@pytest.mark.e2e
 def test_a_failing_job_does_not_stop_the_others(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = run_cli(
@@ -94,6 +96,7 @@ def test_two_groups_statistics_and_the_difference_interval(tmp_path):
     assert (diff["ci_low"], diff["ci_high"]) == pytest.approx((welch.low, welch.high))
 
 
+@pytest.mark.e2e
 def test_report_cli_rebuilds_a_partly_failed_sweep(tmp_path):
     fake_job(tmp_path, 0, ["seed=0"], val_acc=0.8)
     fake_job(tmp_path, 1, ["seed=1"], val_acc=0.9)
@@ -109,6 +112,7 @@ def test_report_cli_rebuilds_a_partly_failed_sweep(tmp_path):
     assert empty.returncode == 2 and "no sweep jobs" in empty.stderr
 
 
+@pytest.mark.e2e
 def test_submitit_local_sweep_of_two_jobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = run_cli(
@@ -121,6 +125,7 @@ def test_submitit_local_sweep_of_two_jobs(tmp_path):
     assert jobs[0]["weights_sha256"] != jobs[1]["weights_sha256"]
 
 
+@pytest.mark.e2e
 def test_optuna_search_runs_seeded_trials(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = run_cli(
@@ -134,6 +139,7 @@ def test_optuna_search_runs_seeded_trials(tmp_path):
     assert len(jobs) == 2 and all(j["status"] == "ok" for j in jobs)
 
 
+@pytest.mark.e2e
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     # The date alone would collide for certain; the run id is what keeps the folders apart.
     pattern = f"hydra.run.dir={tmp_path}/${{now:%Y-%m-%d}}-${{run_id:}}"

@@ -22,6 +22,7 @@ def recorded(tmp_path):
     return run_dir
 
 
+@pytest.mark.e2e
 def test_untouched_run_is_identical_on_the_command_line(recorded):
     done = run_cli("repro.verify", str(recorded))
     assert done.returncode == 0, done.stderr
@@ -80,6 +81,7 @@ def test_the_rerun_uses_the_recorded_thread_count_unless_told(tmp_path, monkeypa
     assert any(c.startswith("num_threads: 1 recorded, 2 now") for c in told.environment)
 
 
+@pytest.mark.e2e
 def test_bad_arguments(recorded, tmp_path):
     assert run_cli("repro.verify", str(tmp_path / "nope")).returncode == 2
     done = run_cli("repro.verify", str(recorded), "steps=999")
