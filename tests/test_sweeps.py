@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     # The date alone would collide for certain; the run id is what keeps the folders apart.
     pattern = f"hydra.run.dir={tmp_path}/${{now:%Y-%m-%d}}-${{run_id:}}"
     command = [sys.executable, "-m", "repro.train", *tiny("trainer.max_steps=1"), pattern]
-    env = {**__import__("os").environ, "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
     processes = [
         subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
