@@ -23,13 +23,10 @@ KEYS = {"suite", "command", "date", "machine", "summary", "rows", "notes", "conf
 
 @pytest.fixture
 def bench():
-    """The bench entry point, with its schema registered only for the test that uses it."""
-    from repro import benchmarks
+    """The bench entry point (imported here: the suites import more than other tests need)."""
     from repro.bench import bench
 
-    benchmarks.register()
-    yield bench
-    config.register()  # the training schema again, for the tests that follow
+    return bench
 
 
 def compose_bench(*overrides: str):

@@ -25,13 +25,12 @@ from repro.errors import UserError, exit_with
 from repro.runtime import determinism, seeding
 from repro.runtime.devices import select_device
 
-benchmarks.register()
-launch.register_resolvers()
+config.register()
 
 
 def bench(cfg: DictConfig, run_dir: Path) -> dict:
     """Run the suite `cfg.suite.name` into `run_dir`; returns what bench.json holds."""
-    config.validate(cfg, schema=benchmarks.BenchConfig)
+    config.validate(cfg, schema=config.BenchConfig)
     benchmarks.validate(cfg.suite)
     suite = benchmarks.load(cfg.suite.name)
     cfg.seed.value = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)

@@ -125,8 +125,23 @@ class Config:
     preset: Optional[str] = None  # set by conf/preset/*.yaml
 
 
+@dataclass
+class BenchConfig(Config):
+    """The training schema plus a benchmark suite's own settings (free-form, per suite)."""
+
+    suite: Any = None
+
+
 def register() -> None:
-    ConfigStore.instance().store(name="schema", node=Config)
+    """What every entry point sets up before Hydra composes: the schemas, each under its own
+    name in the `schema` group (`train` for conf/config.yaml, `bench` for conf/bench.yaml),
+    and the resolvers the conf/ files name. Safe to call more than once."""
+    from repro import launch  # imports nothing heavy
+
+    store = ConfigStore.instance()
+    store.store(group="schema", name="train", node=Config, package="_global_")
+    store.store(group="schema", name="bench", node=BenchConfig, package="_global_")
+    launch.register_resolvers()
 
 
 CHOICES = {

@@ -40,7 +40,6 @@ from repro.sweeps.callback import SweepReport
 log = logging.getLogger("repro.train")
 
 config.register()
-launch.register_resolvers()
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

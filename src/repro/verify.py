@@ -89,7 +89,6 @@ def data_changes(recorded: dict, current: dict) -> list[str]:
 
 
 def _recorded_config(resolved: Path, steps: int | None, threads: int | None, env: dict) -> Any:
-    config.register()
     cfg = OmegaConf.merge(OmegaConf.structured(config.Config), OmegaConf.load(resolved))
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"

@@ -7,28 +7,12 @@ Each suite module has `run(cfg, run_dir) -> common.Result`; `common` holds what 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-
-from repro.config import Config
 from repro.errors import ConfigError
 
 SUITES = ("knobs", "overhead", "startup", "exactness", "data")
-
-
-@dataclass
-class BenchConfig(Config):
-    """The training schema plus the suite's own settings (free-form, per suite)."""
-
-    suite: Any = None
-
-
-def register() -> None:
-    """Stand in for the training schema, so conf/config.yaml composes with a `suite` key."""
-    ConfigStore.instance().store(name="schema", node=BenchConfig)
 
 
 # Per suite: the counts it reads and their least allowed value.
