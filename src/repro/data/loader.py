@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import sys
+import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -71,7 +72,16 @@ class Batches:
     def __next__(self) -> Any:
         if self.iterator is None:
             self.iterator = iter(self.loader)
-        return next(self.iterator)
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            # The error's frames hold the iterator; cleared (the traceback still prints),
+            # they let `close` stop the workers now rather than at interpreter exit.
+            traceback.clear_frames(error.__traceback__)
+            self.close()
+            raise
 
     def take(self, count: int) -> Iterator[Any]:
         """The next `count` batches."""
