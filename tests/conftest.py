@@ -81,17 +81,23 @@ def draw_shape(kind: str, height: int, width: int, rng: np.random.Generator) -> 
 
 
 def make_image_tree(
-    root: Path, per_class: int = 12, val_per_class: int | None = None, classes=SHAPES
+    root: Path,
+    per_class: int = 12,
+    val_per_class: int | None = None,
+    classes=SHAPES,
+    side: int | None = None,
 ) -> Path:
-    """An ImageFolder tree (train/<class>/*.png and val/...) of PNGs of uneven, non-square
-    sizes that a small network can tell apart."""
+    """An ImageFolder tree (train/<class>/*.png and val/...) of PNGs that a small network can
+    tell apart: of uneven, non-square sizes, or all `side` x `side`."""
     rng = np.random.default_rng(0)
     for split, count in (("train", per_class), ("val", val_per_class or per_class)):
         for kind in classes:
             folder = root / split / kind
             folder.mkdir(parents=True)
             for i in range(count):
-                height, width = (int(side) for side in rng.integers(36, 60, size=2))
+                height, width = (int(length) for length in rng.integers(36, 60, size=2))
+                if side is not None:
+                    height = width = side
                 draw_shape(kind, height, width, rng).save(folder / f"{i}.png")
     return root
 

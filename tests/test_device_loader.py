@@ -56,7 +56,7 @@ def model_input(cfg):
 def test_batched_views_give_the_per_sample_bytes(padding):
     cfg = compose_config(*SMALL, f"data.crop_padding={padding}")
     data = build.splits(cfg, 7)
-    train_transform, eval_transform = build.pipelines(cfg.data)
+    train_transform, eval_transform = build.pipelines(cfg)
     view = TrainView(data.train, train_transform, stream_seed(7, "augment"))
     keys = [(3, index) for index in range(0, 300, 3)]
     batched = view.__getitems__(keys)
@@ -120,7 +120,7 @@ def test_device_loader_gives_the_dataloader_weights_and_resumes_exactly(tmp_path
 def test_device_loader_needs_data_in_memory(tmp_path):
     cfg = compose_config(*SMALL)
     files = ImageFiles([tmp_path / "a.png"], [0])
-    train_transform, _ = build.pipelines(cfg.data)
+    train_transform, _ = build.pipelines(cfg)
     with pytest.raises(ConfigError, match="dataloader='device'"):
         DeviceTrainLoader(files, train_transform, EpochBatches(1, 1, 0), 0, torch.device("cpu"))
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -68,13 +69,33 @@ def splits(cfg: Any, root_seed: int) -> Splits:
     return built
 
 
-def pipelines(data_cfg: Any) -> tuple[transforms.Compose, transforms.Compose]:
-    """The train and eval transforms."""
-    size, resize, pad = data_cfg.image_size, data_cfg.resize, data_cfg.crop_padding
-    if resize is None and data_cfg.name == "imagefolder":
+def pipelines(cfg: Any, resized: bool = False) -> tuple[transforms.Compose, transforms.Compose]:
+    """The train and eval transforms; `resized`: the images were resized already (cached)."""
+    data = cfg.data
+    size, resize, pad = data.image_size, data.resize, data.crop_padding
+    if resize is None and data.name == "imagefolder":
         resize = size  # files come in any size; a batch needs one
-    train = transforms.build(data_cfg.augment, size, resize, pad)
-    return train, transforms.build(False, size, resize, pad)
+    augment = cfg.get("augment")  # absent from the configs of older checkpoints
+    crop_flip = augment is None or bool(augment.crop_flip)
+    extra = torchvision_transforms(augment.transforms) if augment is not None else []
+    train = transforms.build(
+        data.augment, size, resize, pad, crop_flip=crop_flip, extra=extra, resized=resized
+    )
+    return train, transforms.build(False, size, resize, pad, resized=resized)
+
+
+def torchvision_transforms(nodes: Any) -> list[Any]:
+    """`augment.transforms`: each node instantiated by its `_target_`."""
+    built = []
+    for position, node in enumerate(nodes):
+        key = f"augment.transforms[{position}]"
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            raise ConfigError(key, node, "a transform given by _target_ (and its arguments)")
+        try:
+            built.append(instantiate(node))
+        except Exception as error:  # an unknown class or a wrong argument: the user's to fix
+            raise ConfigError(key, node.get("_target_"), f"cannot build it: {error}") from None
+    return built
 
 
 def rank_batch_size(cfg: Any, world: int) -> int:
@@ -93,7 +114,7 @@ def loaders(
 ) -> tuple[DataLoader, EpochBatches, DataLoader]:
     """Train loader, its sampler, validation loader; each yields (uint8 images, labels), or
     for CPU training with workers, training images already normalised (`device_batches`)."""
-    train_and_eval = pipelines(cfg.data)
+    train_and_eval = pipelines(cfg, resized=data.resized)
     batch, dl, device = rank_batch_size(cfg, context.world), cfg.dataloader, context.device
     if dl.on_device:  # dataloader=device: the split lives on the device, batches made there
         return device_loader.loaders(cfg, data, train_and_eval, batch, context)  # type: ignore[return-value]

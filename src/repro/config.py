@@ -72,10 +72,20 @@ class DataConfig:
     root: Optional[str] = None
     download: bool = False
     fraction: float = 1.0  # keep this seeded fraction of every split (debug=limit)
+    cache: str = "none"  # imagefolder: none | memory (decoded once into one tensor)
+    cache_budget_gib: float = 8.0  # imagefolder: the most memory the decoded cache may take
     # Synthetic only (set by data/synthetic.yaml): a fixed benchmark made from its own seed.
     train_size: Optional[int] = None
     test_size: Optional[int] = None
     generator_seed: Optional[int] = None
+
+
+@dataclass
+class AugmentConfig:
+    crop_flip: bool = MISSING
+    transforms: list[Any] = MISSING  # torchvision.transforms.v2 nodes with a _target_
+    mixup_alpha: float = MISSING
+    cutmix_alpha: float = MISSING
 
 
 @dataclass
@@ -117,6 +127,7 @@ class Config:
     memory_format: MemoryFormatConfig = field(default_factory=MemoryFormatConfig)
     amp: AmpConfig = field(default_factory=AmpConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     model: Any = None
     optimizer: Any = None
     scheduler: Any = None
@@ -149,6 +160,7 @@ CHOICES = {
     "memory_format.name": ("contiguous", "channels_last"),
     "amp.mode": ("auto", "off", "bf16", "fp16"),
     "data.name": ("synthetic", "cifar10", "imagefolder"),
+    "data.cache": ("none", "memory"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "logger.progress": ("auto", "on", "off"),
 }
@@ -176,6 +188,9 @@ MINIMUM = {
     "data.train_size": (1, True),
     "data.test_size": (1, True),
     "data.fraction": (0, False),
+    "data.cache_budget_gib": (0, False),
+    "augment.mixup_alpha": (0, False),
+    "augment.cutmix_alpha": (0, False),
     "logger.fingerprint_every_steps": (1, False),
     "optimizer.lr": (0, False),
     "optimizer.weight_decay": (0, False),

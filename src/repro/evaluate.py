@@ -20,7 +20,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from repro import build
+from repro.data.cache import decode
 from repro.data.loader import Batches, LoaderContext, eval_loader
+from repro.data.sources import ImageFiles
 from repro.engine.checkpoint import load
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
@@ -55,9 +57,12 @@ def evaluate_checkpoint(
         precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
 
-    data = build.splits(cfg, root_seed)
-    _, eval_transform = build.pipelines(cfg.data)
-    source = getattr(data, split)
+    cached = cfg.data.get("cache", "none") == "memory"
+    cfg.data.cache = "none"  # decode only the split evaluated
+    source = getattr(build.splits(cfg, root_seed), split)
+    if cached and isinstance(source, ImageFiles):
+        source = decode(source, cfg.data, split)
+    _, eval_transform = build.pipelines(cfg, resized=cached)
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, device)
     context = LoaderContext(root_seed, device=device, pin_memory=pin_memory)
     loader = eval_loader(

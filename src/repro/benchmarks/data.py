@@ -13,6 +13,9 @@ Per loader (DataLoader workers 0, 2 ..., or `device`), batches per second of:
 (seed, epoch, index), which is what makes the batches independent of the workers, costs
 nothing. Template and bare alternate (A B B A ...) so that drift in the machine hits both, and
 the figure is the median of the repetitions' ratios.
+
+With `data=imagefolder` the suite compares the template with torchvision's own loader instead
+(`folder_data.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from repro import build
-from repro.benchmarks import common
+from repro.benchmarks import common, folder_data
 from repro.benchmarks.common import Column, Result
 from repro.data.loader import Batches, LoaderContext
 from repro.data.samplers import EpochBatches
@@ -165,6 +168,8 @@ def measure(cfg: DictConfig, data: Any, loader: Any, suite: Any) -> dict[str, An
 
 
 def run(cfg: DictConfig, run_dir: Path) -> Result:
+    if cfg.data.name == "imagefolder":  # files: the template against torchvision's loader
+        return folder_data.run(cfg, run_dir)
     suite = cfg.suite
     device = select_device(cfg.trainer.device)
     data = build.splits(cfg, int(cfg.seed.value))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from repro.data import synthetic
+from repro.data.cache import decode_splits
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles, TensorImages
 from repro.errors import ConfigError, DataError
 from repro.runtime.seeding import torch_generator
@@ -22,6 +23,7 @@ class Splits:
     val: Source
     test: Source
     classes: list[str]
+    resized: bool = False  # the images were resized already (a decoded cache holds them so)
 
 
 def _carve_validation(pool: Source, val_size: int, split_seed: int) -> tuple[Source, Source]:
@@ -106,8 +108,15 @@ def _keep_fraction(source: Source, fraction: float, split_seed: int, split: str)
 
 
 def build_splits(cfg: Any, split_seed: int) -> Splits:
-    """The dataset named by `data.name`, cut to `data.fraction` of every split."""
-    splits = BUILDERS[cfg.name](cfg, split_seed)
+    """The dataset named by `data.name`, cut to `data.fraction` of every split, and decoded
+    into memory with `data.cache=memory`."""
+    splits = _keep_fractions(BUILDERS[cfg.name](cfg, split_seed), cfg, split_seed)
+    if cfg.get("cache", "none") == "memory":  # absent from configs of older checkpoints
+        return decode_splits(splits, cfg)
+    return splits
+
+
+def _keep_fractions(splits: Splits, cfg: Any, split_seed: int) -> Splits:
     fraction = cfg.get("fraction", 1.0)  # absent from configs stored by older checkpoints
     if fraction >= 1:
         return splits

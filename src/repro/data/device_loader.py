@@ -30,11 +30,13 @@ def _on_device(source: Source, transform: Compose, device: torch.device) -> Tens
         raise ConfigError(
             "dataloader",
             "device",
-            "needs an in-memory dataset (synthetic, cifar10); "
-            "use dataloader=default or fast for image files",
+            "needs an in-memory dataset (synthetic, cifar10, or image files with "
+            "data.cache=memory); use dataloader=default or fast for image files",
         )
-    if not transform.batchable:
-        raise ConfigError("data.resize", "set", "null with dataloader=device (no batched resize)")
+    if not transform.batchable:  # a resize or per-sample torchvision transforms
+        raise ConfigError(
+            "dataloader", "device", "crop and flip only (no data.resize, no augment.transforms)"
+        )
     return TensorImages(source.images.to(device), source.labels.to(device))
 
 

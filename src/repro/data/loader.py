@@ -118,10 +118,14 @@ class TrainView(Dataset):
         return self.transform(image, SampleKeys(self.stream, epoch, index)), label
 
     def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Batch | SlotRef | list[Any]:
-        if self.maker is None:
-            return [self[key] for key in keys]
         epoch = keys[0][0]  # EpochBatches: one epoch per batch
-        batch = self.maker([index for _, index in keys], epoch)
+        indices = [index for _, index in keys]
+        if self.maker is not None:
+            batch = self.maker(indices, epoch)
+        else:
+            batch = sample_then_batch(self.source, self.transform, indices, self.stream, epoch)
+            if not isinstance(batch, Batch):  # sizes differ: default_collate will say so
+                return batch
         if self.prepare is not None:
             batch = Batch(*self.prepare(*batch))
         return self.slots.put(batch) if self.slots is not None else batch
@@ -143,8 +147,41 @@ class EvalView(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Batch | list[Any]:
         if self.maker is None:
-            return [self[index] for index in indices]
+            return sample_then_batch(self.source, self.transform, list(indices))
         return self.maker(list(indices))
+
+
+def sample_then_batch(
+    source: Source,
+    transform: Compose,
+    indices: list[int],
+    stream: int | None = None,
+    epoch: int | None = None,
+) -> Batch | list[tuple[torch.Tensor, int]]:
+    """Samples that must be read one by one (image files, a resize, torchvision transforms):
+    the per-sample steps on each, then the pipeline's batchable tail on them stacked, with the
+    batch's keys (the same draws as per sample, without Python per sample). Samples of other
+    sizes go through the tail one by one; if they still differ, they are returned as a list."""
+
+    def keys(index: Any) -> SampleKeys | None:
+        return None if epoch is None else SampleKeys(stream, epoch, index)  # type: ignore[arg-type]
+
+    per_sample, tail = transform.split()
+    images, labels = [], []
+    for index in indices:
+        image, label = source[index]
+        images.append(per_sample(image, keys(index)))
+        labels.append(label)
+    if all(image.shape == images[0].shape for image in images):
+        batch = torch.stack(images)
+        if tail.steps:
+            batch = tail.batch(batch, keys(torch.tensor(indices)))
+    else:  # other aspect ratios: the tail per sample (a crop makes them one size)
+        images = [tail(image, keys(index)) for image, index in zip(images, indices, strict=True)]
+        if any(image.shape != images[0].shape for image in images):
+            return list(zip(images, labels, strict=True))
+        batch = torch.stack(images)
+    return Batch(batch, torch.tensor(labels, dtype=torch.int64))
 
 
 class Batch(NamedTuple):
@@ -296,7 +333,7 @@ def train_loader(
     sampler = EpochBatches(len(splits.train), batch_size, seed, context.rank, context.world)
     view = TrainView(splits.train, transform, stream_seed(seed, "augment"))
     options = _loader_options(loader_cfg, context)
-    if options["num_workers"] > 0 and view.maker is not None:
+    if options["num_workers"] > 0:
         view.prepare = prepare_in_workers
     sample = view.__getitems__([(0, 0)] * batch_size)
     if options["num_workers"] > 0 and isinstance(sample, Batch):

@@ -24,7 +24,7 @@ from repro.runtime.seeding import SampleKeys
 Transform = Callable[[torch.Tensor, "SampleKeys | None"], torch.Tensor]
 
 # Each random transform's own draw numbers, so no two draws of a sample coincide.
-CROP_TOP, CROP_LEFT, FLIP = 0, 1, 2
+CROP_TOP, CROP_LEFT, FLIP, TORCHVISION_SEED_LOW, TORCHVISION_SEED_HIGH = 0, 1, 2, 3, 4
 
 
 class Compose:
@@ -40,6 +40,14 @@ class Compose:
     def batchable(self) -> bool:
         """Whether every step has a whole-batch form (resizing has none: sizes may differ)."""
         return all(hasattr(step, "batch") for step in self.steps)
+
+    def split(self) -> tuple[Compose, Compose]:
+        """(per-sample steps, the longest tail of steps with a whole-batch form): image files
+        are decoded and resized one by one, then cropped and flipped as one batch."""
+        tail = len(self.steps)
+        while tail > 0 and hasattr(self.steps[tail - 1], "batch"):
+            tail -= 1
+        return Compose(self.steps[:tail]), Compose(self.steps[tail:])
 
     def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         """The pipeline on a uint8 (N, C, H, W) batch; `keys` holds the samples' keys."""
@@ -201,13 +209,51 @@ class CenterCrop:
         return self(images, None).contiguous()
 
 
-def build(augment: bool, image_size: int, resize: int | None, crop_padding: int) -> Compose:
-    """Train (augment=True) or eval pipeline for square `image_size` inputs."""
+class TorchvisionSteps:
+    """torchvision.transforms.v2 transforms, run on one sample with torch's CPU generator
+    seeded from the sample's keys and put back afterwards: they draw from that generator, so
+    this makes their draws a pure function of (seed, epoch, index), whichever process or
+    worker runs them, and leaves the training's own random state untouched."""
+
+    def __init__(self, transforms: Sequence[Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        self.transforms = list(transforms)
+
+    def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        assert keys is not None
+        seed = keys.bits(TORCHVISION_SEED_HIGH) << 32 | keys.bits(TORCHVISION_SEED_LOW)
+        generator = torch.default_generator
+        saved = generator.get_state()
+        generator.manual_seed(seed)
+        try:
+            for transform in self.transforms:
+                image = transform(image)
+        finally:
+            generator.set_state(saved)
+        return image
+
+
+def build(
+    augment: bool,
+    image_size: int,
+    resize: int | None,
+    crop_padding: int,
+    *,
+    crop_flip: bool = True,
+    extra: Sequence[Callable[[torch.Tensor], torch.Tensor]] = (),
+    resized: bool = False,
+) -> Compose:
+    """Train (augment=True) or eval pipeline for square `image_size` inputs: resize (unless
+    the images were `resized` already, as a decoded cache holds them), then random crop and
+    flip (`crop_flip`) and any torchvision transforms (`extra`) for training, or a centre crop
+    for evaluation."""
     steps: list[Transform] = []
-    if resize is not None:
+    if resize is not None and not resized:
         steps.append(ResizeShorter(resize))
     if augment:
-        steps += [RandomCrop(image_size, crop_padding), HorizontalFlip()]
+        if crop_flip:
+            steps += [RandomCrop(image_size, crop_padding), HorizontalFlip()]
+        if extra:
+            steps.append(TorchvisionSteps(extra))
     elif resize is not None:
         steps.append(CenterCrop(image_size))
     return Compose(steps)

@@ -24,6 +24,7 @@ from repro.engine.checkpoint import Checkpointer
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.loop import LoopSettings, Trainer
+from repro.engine.mixing import BatchMixer
 from repro.runtime import compilation, determinism, distributed, threads
 from repro.runtime.devices import reuse_host_memory, select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
@@ -146,4 +147,12 @@ def trainer(
         total_steps=parts.total_steps,
         dist=knobs.dist,
         forward_model=parts.forward_model,
+        mixer=_mixer(cfg, extra_state["root_seed"], knobs.dist.rank),
     )
+
+
+def _mixer(cfg: Any, root_seed: int, rank: int) -> BatchMixer | None:
+    """MixUp/CutMix when `augment` asks for either (and the data is augmented at all)."""
+    augment = cfg.augment
+    mixer = BatchMixer(augment.mixup_alpha, augment.cutmix_alpha, root_seed, rank)
+    return mixer if mixer.enabled and cfg.data.augment else None

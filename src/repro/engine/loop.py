@@ -23,6 +23,7 @@ from repro.engine.evaluation import evaluate
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.metrics import Throughput, weights_sha256
+from repro.engine.mixing import BatchMixer
 from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
 from repro.errors import CheckpointError, UserError
@@ -71,6 +72,7 @@ class Trainer:
     total_steps: int
     dist: distributed.Context = field(default_factory=distributed.Context)
     forward_model: nn.Module | None = None  # the DDP wrapper under torchrun; None: the model
+    mixer: BatchMixer | None = None  # MixUp / CutMix
     position: Position = field(default_factory=Position)
     last_eval: dict[str, float] = field(default_factory=dict)
     stopped_by: int | None = None
@@ -216,10 +218,19 @@ class Trainer:
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One optimizer step on a batch already on the device; the loss, left on the device."""
         smoothing, grad_clip = self.settings.label_smoothing, self.settings.grad_clip
+        mixed = None
+        if self.mixer is not None:  # keyed on the batch's place: the position before the step
+            mixed = self.mixer(images, labels, self.position.epoch, self.position.batch)
+            images = mixed.images
         images = self.memory_format.batch(images)
         with self.precision.autocast():
             logits = self.forward_model(images)
             loss = nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
+            if mixed is not None:  # cross-entropy against the mixed targets
+                partners = nn.functional.cross_entropy(
+                    logits, mixed.partner_labels, label_smoothing=smoothing
+                )
+                loss = loss * mixed.weight + partners * (1 - mixed.weight)
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.precision.scaler
         scaler.scale(loss).backward()

@@ -1,0 +1,144 @@
+"""The augment group: torchvision transforms kept worker-invariant, MixUp and CutMix."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torchvision.transforms import v2
+
+import repro.train
+from repro import build
+from repro.data.transforms import TorchvisionSteps
+from repro.engine.mixing import BatchMixer
+from repro.errors import ConfigError
+from repro.runtime.seeding import SampleKeys
+
+from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
+
+STREAM = 12345
+IMAGE = torch.arange(3 * 16 * 16, dtype=torch.int64).remainder(251).to(torch.uint8).view(3, 16, 16)
+
+
+def test_torchvision_draws_follow_the_sample_and_leave_the_global_generator_alone():
+    steps = TorchvisionSteps([v2.RandAugment(num_ops=2, magnitude=9)])
+    before = torch.get_rng_state()
+    first = steps(IMAGE, SampleKeys(STREAM, 0, 7))
+    assert torch.equal(torch.get_rng_state(), before), "the training's own stream is untouched"
+    torch.manual_seed(99)  # whatever state the process is in, the sample's draws are its own
+    assert torch.equal(steps(IMAGE, SampleKeys(STREAM, 0, 7)), first)
+    others = [steps(IMAGE, SampleKeys(STREAM, epoch, index)) for epoch, index in
+              [(0, 8), (1, 7), (0, 9), (2, 3), (3, 2)]]  # fmt: skip
+    assert sum(not torch.equal(other, first) for other in others) >= 4
+
+
+def test_the_augment_options_build_their_transforms_for_training_only():
+    for option, kind in (
+        ("randaugment", v2.RandAugment),
+        ("trivialaugment", v2.TrivialAugmentWide),
+    ):
+        train, evaluate = build.pipelines(compose_config(f"augment={option}"))
+        tail = train.steps[-1]
+        assert isinstance(tail, TorchvisionSteps) and isinstance(tail.transforms[0], kind)
+        assert not train.batchable and evaluate.steps == []  # evaluation: deterministic part
+    crop_flip, _ = build.pipelines(compose_config())
+    assert crop_flip.batchable and len(crop_flip.steps) == 2
+
+
+def test_a_transform_that_cannot_be_built_is_named():
+    cfg = compose_config("augment.transforms=[{_target_:torchvision.transforms.v2.Nope}]")
+    with pytest.raises(ConfigError, match=r"augment.transforms\[0\]"):
+        build.pipelines(cfg)
+
+
+YAML_PIPELINE = """
+crop_flip: false
+transforms:
+  - _target_: torchvision.transforms.v2.RandomResizedCrop
+    size: 32
+    scale: [0.5, 1.0]
+    antialias: true
+  - _target_: torchvision.transforms.v2.RandomHorizontalFlip
+  - _target_: torchvision.transforms.v2.ColorJitter
+    brightness: 0.4
+    contrast: 0.4
+  - _target_: torchvision.transforms.v2.RandomErasing
+    p: 0.5
+"""
+
+
+def test_a_yaml_list_of_torchvision_transforms_trains_the_same_for_any_worker_count(tmp_path):
+    hashes = []
+    for workers in (0, 2):
+        cfg = compose_config(*tiny(f"dataloader.num_workers={workers}", "trainer.max_steps=4"))
+        cfg.augment = OmegaConf.merge(cfg.augment, OmegaConf.create(YAML_PIPELINE))
+        run_dir = tmp_path / f"w{workers}"
+        run_dir.mkdir()
+        hashes.append(repro.train.train(cfg, run_dir)["weights_sha256"])
+    assert hashes[0] == hashes[1]
+    plain = train_in_process(tmp_path / "plain", *tiny("trainer.max_steps=4"))
+    assert plain["weights_sha256"] != hashes[0], "the transforms must have changed the images"
+
+
+def test_mixing_is_keyed_on_the_batch_and_keeps_what_it_mixes():
+    images = torch.rand(16, 3, 8, 8)
+    labels = torch.arange(16)
+    mixup = BatchMixer(0.4, 0.0, root_seed=3)
+    first, again = mixup(images, labels, 2, 5), mixup(images, labels, 2, 5)
+    assert torch.equal(first.images, again.images) and first.weight == again.weight
+    assert not torch.equal(mixup(images, labels, 2, 6).images, first.images)
+    partners = first.partner_labels
+    assert sorted(partners.tolist()) == labels.tolist()  # a permutation of the batch
+    expected = images * first.weight + images[partners] * (1 - first.weight)
+    assert torch.allclose(first.images, expected) and 0 < first.weight < 1
+
+    cutmix = BatchMixer(0.0, 1.0, root_seed=3)
+    for batch in range(20):
+        mixed = cutmix(images, labels, 0, batch)
+        changed = (mixed.images != images).any(dim=1)  # pixels taken from the partner
+        swapped = mixed.partner_labels != labels
+        # The weight is the share of each image still its own: the box's area decides it.
+        own = 1 - changed[swapped].float().mean().item() if swapped.any() else mixed.weight
+        assert own == pytest.approx(mixed.weight, abs=1e-6)
+
+
+def test_both_on_picks_one_of_the_two_per_batch():
+    images, labels = torch.rand(8, 3, 8, 8), torch.arange(8)
+    both = BatchMixer(1.0, 1.0, root_seed=0)
+    kinds = set()
+    for batch in range(40):
+        mixed = both(images, labels, 0, batch)
+        untouched = (mixed.images == images).all(dim=1)
+        kinds.add("cutmix" if untouched.any() else "mixup")
+    assert kinds == {"mixup", "cutmix"}
+
+
+RANDAUGMENT_CUTMIX = tiny(
+    "augment=randaugment", "augment.cutmix_alpha=1.0", "trainer.epochs=2",
+    "trainer.checkpoint_every_steps=4",
+)  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_randaugment_with_cutmix_is_the_same_for_any_workers_and_after_a_kill(tmp_path):
+    hashes = {}
+    for workers in (0, 2):
+        run_dir = tmp_path / f"w{workers}"
+        done = run_cli(
+            "repro.train", *RANDAUGMENT_CUTMIX, f"dataloader.num_workers={workers}",
+            f"hydra.run.dir={run_dir}",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        hashes[workers] = read_summary(run_dir)["weights_sha256"]
+    assert hashes[0] == hashes[2]
+
+    killed_dir = tmp_path / "killed"
+    command = [*RANDAUGMENT_CUTMIX, "dataloader.num_workers=2", f"hydra.run.dir={killed_dir}"]
+    killed = run_cli("repro.train", *command, env={"REPRO_FAULT": "step:9"})
+    assert killed.returncode == -signal.SIGKILL
+    resumed = run_cli("repro.train", *command)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = read_summary(killed_dir)
+    assert summary["resumed_from_step"] == 8 and summary["weights_sha256"] == hashes[0]
