@@ -9,7 +9,7 @@ from repro import build
 from repro.data.loader import EvalView, TrainView, sample_then_batch
 from repro.data.sources import ImageFiles, TensorImages
 from repro.data.transforms import Compose, ResizeShorter
-from repro.errors import ConfigError
+from repro.errors import ConfigError, DataError
 
 from conftest import SHAPES, compose_config, make_image_tree, train_in_process
 
@@ -83,3 +83,11 @@ def test_files_that_stay_of_several_sizes_come_back_as_samples(tmp_path):
     files = ImageFiles.from_folder(root / "train", sorted(SHAPES))
     uneven = sample_then_batch(files, Compose([ResizeShorter(32)]), [0, 1, 2])
     assert isinstance(uneven, list) and len({image.shape for image, _ in uneven}) > 1
+
+
+def test_an_unreadable_image_stops_the_cache_naming_the_file(tmp_path):
+    root = make_image_tree(tmp_path / "images", 2, side=40)
+    (root / "train" / "bar" / "broken.png").write_bytes(b"this is not a png")
+    cfg = compose_config(*FOLDER, f"data.root={root}", "data.cache=memory")
+    with pytest.raises(DataError, match=r"broken\.png: not a readable image"):
+        build.splits(cfg, 0)

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from repro import config
-from repro.data.loader import LoaderContext, start_worker
+from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches, EvalBatches
+from repro.data.workers import start_worker
 from repro.engine.loop import Trainer
 from repro.errors import ConfigError
 from repro.launch import expand_seed_shorthand
@@ -207,7 +208,7 @@ def test_loader_gets_a_seeded_generator_worker_init_and_workers():
 WORKERS_THEN_SIGKILL = """
 import os, signal, numpy as np
 from torch.utils.data import DataLoader
-from repro.data.loader import start_worker
+from repro.data.workers import start_worker
 
 class Large:
     def __len__(self): return 10**6

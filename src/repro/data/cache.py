@@ -1,4 +1,4 @@
-"""`data.cache=memory`: image files decoded once, in parallel, into one uint8 tensor.
+"""`data.cache=memory`: image files decoded once, by worker processes, into one uint8 tensor.
 
 Each image goes through the deterministic part of the pipeline here (its shorter side resized
 to `data.resize`, or to `data.image_size` when that is null), so that a cached split holds
@@ -10,23 +10,28 @@ differ in size after that (other aspect ratios) are centre-cropped to squares wh
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.progress import Progress
+from torch.utils.data import DataLoader, Dataset
 
 from repro.data.sources import ImageFiles, TensorImages
 from repro.data.transforms import CenterCrop, ResizeShorter
+from repro.data.workers import start_worker
 from repro.errors import ConfigError
 
 if TYPE_CHECKING:
     from repro.data.datasets import Splits
 
 GIB = 2**30
+CHUNK = 256  # images per piece of work
+PARALLEL_FROM = 2048  # fewer images decode faster than worker processes start
+MAX_WORKERS = 8
 
 
 def decode_splits(splits: Splits, data_cfg: Any) -> Splits:
@@ -46,26 +51,21 @@ def decode_splits(splits: Splits, data_cfg: Any) -> Splits:
 def decode(files: ImageFiles, data_cfg: Any, name: str = "split") -> TensorImages:
     """One split of image files as a uint8 (N, C, H, W) tensor, resized as the pipeline would."""
     side = data_cfg.resize or data_cfg.image_size
-    resize = ResizeShorter(side)
     budget = float(data_cfg.cache_budget_gib) * GIB
-
-    def load(index: int) -> torch.Tensor:
-        return resize(files[index][0], None)
-
-    first = load(0)
-    estimate = len(files) * first.numel()
+    resized = _Resized(files, side)
+    estimate = len(files) * resized[0].numel()
     if estimate > budget:
         _refuse_budget(data_cfg, len(files), estimate, name)
-    images: list[torch.Tensor] = [first]
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool, _progress() as progress:
-        task = progress.add_task(f"decoding {name}", total=len(files), completed=1)
-        for image in pool.map(load, range(1, len(files)), chunksize=64):
-            images.append(image)
-            progress.advance(task)
-    shapes = {tuple(image.shape) for image in images}
-    if len(shapes) > 1:
+    images: list[torch.Tensor] = []
+    with _progress() as progress:
+        task = progress.add_task(f"decoding {name}", total=len(files))
+        for chunk in _decoder(resized):
+            images.extend(chunk)
+            progress.advance(task, len(chunk))
+    if any(image.shape != images[0].shape for image in images):
         if data_cfg.resize is None:
-            examples = ", ".join("x".join(map(str, shape[1:])) for shape in sorted(shapes)[:3])
+            shapes = sorted({tuple(image.shape[1:]) for image in images})
+            examples = ", ".join("x".join(map(str, shape)) for shape in shapes[:3])
             allowed = (
                 f"a size to cache {name} images of several sizes ({examples} ...) with "
                 "data.cache=memory (or data.cache=none)"
@@ -76,8 +76,38 @@ def decode(files: ImageFiles, data_cfg: Any, name: str = "split") -> TensorImage
     total = len(images) * images[0].numel()
     if total > budget:
         _refuse_budget(data_cfg, len(images), total, name)
-    labels = torch.tensor(files.labels, dtype=torch.long)
-    return TensorImages(torch.stack(images), labels)
+    return TensorImages(torch.stack(images), torch.tensor(files.labels, dtype=torch.long))
+
+
+class _Resized(Dataset):
+    def __init__(self, files: ImageFiles, side: int) -> None:
+        self.files, self.resize = files, ResizeShorter(side)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.resize(self.files[index][0], None)
+
+
+def _decoder(resized: _Resized) -> DataLoader:
+    """Chunks of decoded images, made by worker processes: small images decode faster than
+    the GIL lets threads share them out."""
+    workers = min(os.cpu_count() or 1, MAX_WORKERS) if len(resized) >= PARALLEL_FROM else 0
+    options: dict[str, Any] = {}
+    if workers:
+        options = {
+            "worker_init_fn": start_worker,
+            "multiprocessing_context": multiprocessing.get_all_start_methods()[0],
+        }
+    return DataLoader(resized, CHUNK, num_workers=workers, collate_fn=_stacked, **options)
+
+
+def _stacked(images: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    """A chunk in one tensor (one shared-memory block from a worker) when it has one size."""
+    if all(image.shape == images[0].shape for image in images):
+        return torch.stack(images)
+    return images
 
 
 def _refuse_budget(data_cfg: Any, count: int, size: float, name: str) -> None:

@@ -16,12 +16,8 @@ A run reads each loader through one `Batches` iterator, so its workers start onc
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
-import os
 import secrets
-import signal
-import sys
 import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,11 +31,11 @@ from repro.data.datasets import Source, Splits
 from repro.data.samplers import EpochBatches, EvalBatches
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
-from repro.runtime.seeding import SampleKeys, seed_worker, stream_seed, torch_generator
+from repro.data.workers import start_worker
+from repro.runtime.seeding import SampleKeys, stream_seed, torch_generator
 from repro.runtime.transfer import host_to_device
 
 CPU = torch.device("cpu")
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -280,21 +276,6 @@ class BatchMaker:
 def collate(data: Batch | SlotRef | list[Any]) -> Any:
     """A batch a view built whole passes through; a list of samples is stacked as usual."""
     return data if isinstance(data, Batch | SlotRef) else default_collate(data)
-
-
-def start_worker(worker_id: int) -> None:
-    """Seed the worker, and on Linux have it killed with the main process.
-
-    A worker whose main process was killed (SIGKILL, the OOM killer, a scheduler) would
-    otherwise wait forever at exit to flush batches nobody will read, holding the run's
-    output pipes and shared memory.
-    """
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        parent = multiprocessing.parent_process()
-        if parent is not None and os.getppid() != parent.pid:  # died before the prctl
-            os._exit(1)
-    seed_worker(worker_id)
 
 
 def _loader_options(cfg: Any, context: LoaderContext) -> dict[str, Any]:
