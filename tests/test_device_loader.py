@@ -14,8 +14,9 @@ from torch.utils.data import default_collate
 
 from repro import build
 from repro.data.device_loader import DeviceTrainLoader
-from repro.data.loader import Batch, Batches, EvalView, LoaderContext, TrainView
+from repro.data.loader import Batches, EvalView, LoaderContext, TrainView
 from repro.data.samplers import EpochBatches
+from repro.data.slots import Batch
 from repro.data.sources import ImageFiles
 from repro.errors import ConfigError
 from repro.runtime.seeding import stream_seed

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from repro.data.datasets import Source, Splits
-from repro.data.loader import Batch, BatchMaker, LoaderContext
+from repro.data.loader import BatchMaker, LoaderContext
 from repro.data.samplers import EpochBatches
+from repro.data.slots import Batch
 from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.errors import ConfigError
