@@ -60,6 +60,11 @@ def test_the_package_is_renamed_everywhere(project):
     assert f"python -m {NAME}.train" in (project / "README.md").read_text()
     assert "EMBER_LAB_DATA" in (project / "conf" / "data" / "cifar10.yaml").read_text()
     assert "## Reproducibility" in (project / "README.md").read_text()  # only the name changed
+    workflow = (project / ".github" / "workflows" / "ci.yml").read_text()
+    assert f"name: {NAME} CI" in workflow and "run: make test" in workflow
+    assert "run: make lint" in workflow and "enable-cache: true" in workflow
+    hooks = (project / ".pre-commit-config.yaml").read_text()
+    assert hooks.startswith(f"# {NAME}:") and "id: ruff-format" in hooks
 
 
 @pytest.mark.e2e

@@ -136,6 +136,16 @@ def loaders(
     return prefetched(train, prepare, pin), sampler, prefetched(val, prepare, pin)
 
 
+def test_loader(cfg: Any, data: Splits, context: LoaderContext) -> Any:
+    """The test split, one pass in stored order, as evaluation reads the validation split."""
+    _, eval_transform = pipelines(cfg, resized=data.resized)
+    batch = cfg.trainer.eval_batch_size
+    if cfg.dataloader.on_device:
+        return device_loader.DeviceEvalLoader(data.test, eval_transform, batch, context)
+    loader = eval_loader(data.test, eval_transform, batch, cfg.dataloader, context)
+    return prefetched(loader, device_batches(cfg, context.device), context.pin_memory)
+
+
 def data_parallel(
     model: nn.Module, sync_batchnorm: bool, dist: distributed.Context, device: torch.device
 ) -> nn.Module:

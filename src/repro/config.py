@@ -109,6 +109,13 @@ class TrainerConfig:
     global_batch: bool = MISSING  # torchrun: batch_size is the total over ranks, not per rank
     sync_batchnorm: bool = MISSING
     sync_debug: bool = MISSING  # CUDA: warn at every host sync after the first step
+    monitor: str = MISSING
+    monitor_mode: str = MISSING  # max | min
+    patience: Optional[int] = MISSING
+    ema_decay: Optional[float] = MISSING
+    accumulate_steps: int = MISSING
+    test_after_fit: bool = MISSING
+    test_weights: str = MISSING  # best | last | ema
 
 
 @dataclass
@@ -162,6 +169,8 @@ CHOICES = {
     "data.name": ("synthetic", "cifar10", "imagefolder"),
     "data.cache": ("none", "memory"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.monitor_mode": ("max", "min"),
+    "trainer.test_weights": ("best", "last", "ema"),
     "logger.progress": ("auto", "on", "off"),
 }
 
@@ -177,6 +186,8 @@ MINIMUM = {
     "trainer.halt_at_step": (1, True),
     "trainer.num_threads": (1, True),
     "trainer.keep_checkpoints": (1, False),
+    "trainer.patience": (1, True),
+    "trainer.accumulate_steps": (1, False),
     "trainer.grad_clip": (0, True),
     "trainer.label_smoothing": (0, False),
     "dataloader.num_workers": (0, False),
@@ -285,6 +296,7 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
         )
     if cfg.seed.value is not None and cfg.seed.value < 0:
         raise ConfigError("seed.value", cfg.seed.value, "an integer >= 0")
+    _check_trainer_extras(cfg.trainer)
     if not 0 <= cfg.trainer.label_smoothing < 1:
         raise ConfigError("trainer.label_smoothing", cfg.trainer.label_smoothing, "in [0, 1)")
     if len(cfg.data.mean) != 3 or len(cfg.data.std) != 3 or min(cfg.data.std) <= 0:
@@ -298,3 +310,21 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
         raise ConfigError("data.resize", cfg.data.resize, allowed)
     if cfg.data.name in ("imagefolder", "cifar10") and not cfg.data.root:
         raise ConfigError("data.root", cfg.data.root, f"a folder path for data={cfg.data.name}")
+
+
+MONITORED = ("val_acc", "val_loss", "ema_val_acc", "ema_val_loss")
+
+
+def _check_trainer_extras(trainer: DictConfig) -> None:
+    """Best-checkpoint, EMA and accumulation settings that must agree with each other."""
+    if trainer.monitor not in MONITORED:
+        raise ConfigError("trainer.monitor", trainer.monitor, f"one of {', '.join(MONITORED)}")
+    uses_ema = trainer.monitor.startswith("ema_") or trainer.test_weights == "ema"
+    if trainer.ema_decay is None and uses_ema:
+        key = "trainer.monitor" if trainer.monitor.startswith("ema_") else "trainer.test_weights"
+        raise ConfigError(key, trainer.get(key.split(".")[1]), "needs trainer.ema_decay set")
+    if trainer.ema_decay is not None and not 0 < trainer.ema_decay < 1:
+        raise ConfigError("trainer.ema_decay", trainer.ema_decay, "null or in (0, 1)")
+    if trainer.batch_size % trainer.accumulate_steps:
+        allowed = f"a divisor of trainer.batch_size ({trainer.batch_size})"
+        raise ConfigError("trainer.accumulate_steps", trainer.accumulate_steps, allowed)

@@ -25,10 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro import config, launch
 from repro.data import fingerprint
-from repro.engine import assembly, history, resume
+from repro.engine import assembly, final_test, history, resume
 from repro.engine.checkpoint import Checkpointer
-from repro.engine.fingerprint_log import FingerprintLog
-from repro.engine.loggers import MetricsLog, plot_curves
+from repro.engine.loggers import plot_curves
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
 from repro.errors import UserError, exit_with, one_line
@@ -68,8 +67,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if dist.is_main:
         run_history.begin(cfg, start_step=state["position"]["step"] if state else 0)
         write_text_atomic(run_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main)
-    outputs = assembly.Outputs(checkpointer, metrics, FingerprintLog.of_run(run_dir))
+    outputs = assembly.outputs(cfg, run_dir, checkpointer, dist)
     saved = {"config": OmegaConf.to_container(cfg, resolve=True), "root_seed": root_seed}
     trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
     _start(trainer, state, run_dir)
@@ -83,6 +81,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     trainer.metrics.close()
 
     summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
+    summary |= final_test.test_after_fit(cfg, trainer, parts)  # with trainer.test_after_fit
     if dist.is_main:
         _write_records(run_dir, summary, run_history, cfg)
     distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
@@ -100,8 +99,11 @@ def _root_seed(cfg: DictConfig, state: dict | None, dist: distributed.Context) -
 
 
 def _already_complete(run_dir: Path, state: dict, total_steps: int) -> bool:
-    """A finished run rerun as it was: nothing to do. A shorter one is refused."""
+    """A finished run (or one stopped early) rerun as it was: nothing to do. A shorter one is
+    refused."""
     done_steps = resume.check_length(state, total_steps)
+    if state.get("stopped_early"):
+        return history.already_complete(run_dir, done_steps, done_steps)
     return history.already_complete(run_dir, done_steps, total_steps)
 
 
@@ -141,13 +143,16 @@ def _summary(
         "wall_s": time.perf_counter() - started,
         "total_steps": trainer.total_steps,
         "step": position.step,
-        "completed": position.step >= trainer.total_steps,
+        "completed": position.step >= trainer.total_steps or trainer.stopped_early,
+        "stopped_early": trainer.stopped_early,
+        f"best_{trainer.settings.monitor}": trainer.best.value,
+        "best_step": trainer.best.step,
         "stopped_by_signal": trainer.stopped_by,
         "resumed_from_step": state["position"]["step"] if state else None,
         "amp": knobs.precision.mode,
         "amp_emulated": knobs.precision.emulated,
         "memory_format": knobs.memory_format.name,
-        "pin_memory": parts.pin_memory,
+        "pin_memory": parts.context.pin_memory,
         "flags": determinism.snapshot(),
         "env": environment.describe(knobs.device),
         "world_size": knobs.dist.world,

@@ -8,6 +8,7 @@ seeded generators, so the order of its steps is part of every run's weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
 from repro.engine import preflight
 from repro.engine.checkpoint import Checkpointer
+from repro.engine.ema import WeightAverage
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.loop import LoopSettings, Trainer
@@ -55,7 +57,7 @@ class Parts:
     """The training objects of one run, before the Trainer ties them together."""
 
     data: Splits
-    pin_memory: bool
+    context: LoaderContext  # what the loaders were built for: seed, rank, device, pinning
     train_loader: DataLoader
     sampler: EpochBatches
     val_loader: DataLoader
@@ -100,7 +102,7 @@ def build_parts(cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = No
     loaders = {"train_loader": train_loader, "sampler": sampler, "val_loader": val_loader}
     return Parts(
         data=data,
-        pin_memory=pin_memory,
+        context=context,
         **loaders,
         model=model,
         forward_model=forward_model,
@@ -117,6 +119,15 @@ class Outputs:
     checkpointer: Checkpointer
     metrics: MetricsLog
     fingerprints: FingerprintLog
+
+
+def outputs(
+    cfg: Any, run_dir: Path, checkpointer: Checkpointer, dist: distributed.Context
+) -> Outputs:
+    """Where a run's Trainer writes (TensorBoard on rank 0 only, with `logger.tensorboard`)."""
+    ema = cfg.trainer.ema_decay is not None  # metrics.csv gets the average's columns
+    metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main, ema)
+    return Outputs(checkpointer, metrics, FingerprintLog.of_run(run_dir))
 
 
 def trainer(
@@ -147,7 +158,8 @@ def trainer(
         total_steps=parts.total_steps,
         dist=knobs.dist,
         forward_model=parts.forward_model,
-        mixer=_mixer(cfg, extra_state["root_seed"], knobs.dist.rank),
+        mixer=_mixer(cfg, int(cfg.seed.value), knobs.dist.rank),  # the resolved root seed
+        ema=WeightAverage(parts.model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None,
     )
 
 

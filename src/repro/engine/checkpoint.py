@@ -35,6 +35,7 @@ FORMAT = "repro-checkpoint"
 VERSION = 3
 ZIP_MAGIC = b"PK\x03\x04"
 STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
+BEST_FILE = "best.pt"  # the best evaluated weights (trainer.monitor)
 
 
 class TruncatedCheckpointError(CheckpointError):
@@ -180,12 +181,19 @@ class Checkpointer:
 
     def save(self, state: dict[str, Any], step: int) -> Path:
         """Start writing `state` as the checkpoint of `step`; returns the file it will be."""
+        return self._start(state, self.folder / f"step-{step:08d}.pt", step, latest=True)
+
+    def save_best(self, state: dict[str, Any], step: int) -> Path:
+        """Start writing `state` as best.pt, the best evaluated weights: never pruned, never
+        what a resume starts from."""
+        return self._start(state, self.folder / BEST_FILE, step, latest=False)
+
+    def _start(self, state: dict[str, Any], path: Path, step: int, latest: bool) -> Path:
         self.wait()
         host, copied = to_host({"format": FORMAT, "version": VERSION, **state})
-        path = self.folder / f"step-{step:08d}.pt"
         # Not a daemon: if the main thread ends first, the interpreter still finishes the write.
         self._writer = threading.Thread(
-            target=self._write, args=(host, copied, path, step), name="checkpoint-writer"
+            target=self._write, args=(host, copied, path, step, latest), name="checkpoint-writer"
         )
         self._writer.start()
         return path
@@ -200,16 +208,22 @@ class Checkpointer:
             raise failure
 
     def _write(
-        self, state: dict[str, Any], copied: torch.cuda.Event | None, path: Path, step: int
+        self,
+        state: dict[str, Any],
+        copied: torch.cuda.Event | None,
+        path: Path,
+        step: int,
+        latest: bool,
     ) -> None:
         try:
             if copied is not None:
                 copied.synchronize()
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_save(state, path, step)
-            self._point_last_at(path)
-            for old in self.step_files()[self.keep :]:
-                old.unlink(missing_ok=True)
+            if latest:
+                self._point_last_at(path)
+                for old in self.step_files()[self.keep :]:
+                    old.unlink(missing_ok=True)
         except BaseException as error:  # handed to the training thread by `wait`
             self._failure = error
 

@@ -19,13 +19,15 @@ COLUMNS = (
     "images_per_s",
     "data_wait_frac",
 )
+EMA_COLUMNS = ("ema_val_loss", "ema_val_acc")  # with trainer.ema_decay
 
 
 class MetricsLog:
     """Appends one row per evaluation to metrics.csv (kept across resumes) and to TensorBoard."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool, ema: bool = False) -> None:
         self.path = run_dir / "metrics.csv"
+        self.columns = COLUMNS + EMA_COLUMNS if ema else COLUMNS
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -33,16 +35,16 @@ class MetricsLog:
             self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
 
     def truncate_after(self, step: int) -> None:
-        """On resume, drop rows written after the checkpoint we resume from."""
+        """On resume, drop rows written after the checkpoint we resume from (the file keeps
+        its own columns)."""
         if not self.path.exists():
             return
         with self.path.open(newline="") as handle:
-            rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
-        self._rewrite(rows)
-
-    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+            reader = csv.DictReader(handle)
+            rows = [row for row in reader if int(row["step"]) <= step]
+            columns = reader.fieldnames or self.columns
         text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, COLUMNS)
+        writer = csv.DictWriter(text, columns)
         writer.writeheader()
         writer.writerows(rows)
         write_text_atomic(self.path, text.getvalue())
@@ -50,12 +52,12 @@ class MetricsLog:
     def row(self, values: dict[str, float]) -> None:
         new = not self.path.exists()
         with self.path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, COLUMNS)
+            writer = csv.DictWriter(handle, self.columns)
             if new:
                 writer.writeheader()
-            writer.writerow({key: values[key] for key in COLUMNS})
+            writer.writerow({key: values[key] for key in self.columns})
         if self.writer is not None:
-            for key in COLUMNS[2:]:
+            for key in self.columns[2:]:
                 self.writer.add_scalar(key, values[key], values["step"])
             self.writer.flush()
 

@@ -7,18 +7,21 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from repro.data.loader import Batches
 from repro.data.samplers import EpochBatches
 from repro.engine import faults
 from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
+from repro.engine.ema import WeightAverage
 from repro.engine.evaluation import evaluate
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
@@ -54,6 +57,20 @@ class Position:
 
 
 @dataclass
+class Best:
+    """The best monitored value so far, its step, and the evaluations since then."""
+
+    value: float | None = None
+    step: int | None = None
+    stale: int = 0
+
+    def improves(self, value: float, mode: str) -> bool:
+        if self.value is None or math.isnan(self.value):
+            return not math.isnan(value)
+        return value > self.value if mode == "max" else value < self.value
+
+
+@dataclass
 class Trainer:
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -73,9 +90,12 @@ class Trainer:
     dist: distributed.Context = field(default_factory=distributed.Context)
     forward_model: nn.Module | None = None  # the DDP wrapper under torchrun; None: the model
     mixer: BatchMixer | None = None  # MixUp / CutMix
+    ema: WeightAverage | None = None  # trainer.ema_decay
     position: Position = field(default_factory=Position)
     last_eval: dict[str, float] = field(default_factory=dict)
+    best: Best = field(default_factory=Best)
     stopped_by: int | None = None
+    stopped_early: bool = False
 
     def __post_init__(self) -> None:
         if self.forward_model is None:
@@ -97,6 +117,9 @@ class Trainer:
             "scaler": self.precision.scaler.state_dict(),
             "position": vars(self.position).copy(),
             "last_eval": dict(self.last_eval),
+            "best": vars(self.best).copy(),
+            "stopped_early": self.stopped_early,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": distributed.gather(capture_rng(self.device), self.dist),  # in rank order
             **self.extra_state,
         }
@@ -108,6 +131,12 @@ class Trainer:
         self.precision.scaler.load_state_dict(state["scaler"])
         self.position = Position(**state["position"])
         self.last_eval = dict(state["last_eval"])
+        self.best = Best(**state.get("best", {}))
+        self.stopped_early = bool(state.get("stopped_early", False))
+        if self.ema is not None:
+            if state.get("ema") is None:
+                raise CheckpointError("the checkpoint holds no weight average to resume")
+            self.ema.load_state_dict(state["ema"])
         if len(state["rng"]) != self.dist.world:
             raise CheckpointError(
                 f"the checkpoint was written by {len(state['rng'])} process(es), this run has "
@@ -176,6 +205,10 @@ class Trainer:
                     pos.epoch, pos.batch = pos.epoch + 1, 0
                 if self._evaluate_now(epoch_ended):
                     self.evaluate_and_log(losses, throughput)
+                    if self._patience_spent():
+                        self.stopped_early = True  # first: the checkpoint records it
+                        self.checkpoint(losses)
+                        return
                 if self._checkpoint_now(epoch_ended):
                     self.checkpoint(losses)
                 signum = self.agreed_signal(stop)
@@ -188,7 +221,12 @@ class Trainer:
                 self.checkpoint(losses)
 
     def _finished(self) -> bool:
-        return self.position.step >= self.total_steps
+        return self.stopped_early or self.position.step >= self.total_steps
+
+    def _patience_spent(self) -> bool:
+        """`patience` evaluations in a row without a better monitored value."""
+        patience = self.settings.patience
+        return patience is not None and self.best.stale >= patience
 
     def _evaluate_now(self, epoch_ended: bool) -> bool:
         """At the end of every `eval_every_epochs`-th epoch (and of the last one), or every
@@ -216,31 +254,57 @@ class Trainer:
         return signum or None
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on a batch already on the device; the loss, left on the device."""
-        smoothing, grad_clip = self.settings.label_smoothing, self.settings.grad_clip
+        """One optimizer step on a batch already on the device; the loss, left on the device.
+
+        With `accumulate_steps` k, the batch runs as k micro-batches in order, each loss
+        divided by k, so the summed gradients are those of the whole batch's mean loss; under
+        DDP the gradients are all-reduced once, with the last micro-batch.
+        """
         mixed = None
         if self.mixer is not None:  # keyed on the batch's place: the position before the step
             mixed = self.mixer(images, labels, self.position.epoch, self.position.batch)
             images = mixed.images
         images = self.memory_format.batch(images)
-        with self.precision.autocast():
-            logits = self.forward_model(images)
-            loss = nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
-            if mixed is not None:  # cross-entropy against the mixed targets
-                partners = nn.functional.cross_entropy(
-                    logits, mixed.partner_labels, label_smoothing=smoothing
-                )
-                loss = loss * mixed.weight + partners * (1 - mixed.weight)
+        pieces = self.settings.accumulate_steps
+        partners = mixed.partner_labels if mixed is not None else labels
+        weight = mixed.weight if mixed is not None else None
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.precision.scaler
-        scaler.scale(loss).backward()
-        if grad_clip is not None:
+        total = None
+        micro = zip(images.chunk(pieces), labels.chunk(pieces), partners.chunk(pieces), strict=True)
+        for index, (x, y, partner) in enumerate(micro):
+            with self._gradient_sync(last=index == pieces - 1), self.precision.autocast():
+                loss = self._loss(self.forward_model(x), y, partner, weight)
+                if pieces > 1:
+                    loss = loss / pieces
+            scaler.scale(loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.settings.grad_clip is not None:
             scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         scaler.step(self.optimizer)
         scaler.update()
         self.scheduler.step()
-        return loss.detach()
+        if self.ema is not None:
+            self.ema.update()
+        return total
+
+    def _loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, partners: torch.Tensor, weight: Any
+    ) -> torch.Tensor:
+        """Cross-entropy; with MixUp/CutMix against the mixed targets."""
+        smoothing = self.settings.label_smoothing
+        loss = nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
+        if weight is None:
+            return loss
+        other = nn.functional.cross_entropy(logits, partners, label_smoothing=smoothing)
+        return loss * weight + other * (1 - weight)
+
+    def _gradient_sync(self, last: bool) -> AbstractContextManager[Any]:
+        """DDP all-reduces gradients in backward; only the last micro-batch's should."""
+        if last or not isinstance(self.forward_model, DistributedDataParallel):
+            return nullcontext()
+        return self.forward_model.no_sync()
 
     # ---- bookkeeping -------------------------------------------------------------------
 
@@ -285,14 +349,7 @@ class Trainer:
         images_per_s *= self.dist.world  # every rank trains as many images
         # The metric is the checkpointed model's: rank 0's, buffers included.
         distributed.broadcast_buffers(self.model, self.dist)
-        result = evaluate(
-            self.model,
-            self.val_batches.take(len(self.val_loader)),
-            self.to_device,
-            self.memory_format.batch,
-            self.precision.autocast,
-            self.dist,
-        )
+        result = self.evaluate(self.model)
         pos = self.position
         train_loss = pos.loss_sum / pos.loss_count if pos.loss_count else float("nan")
         pos.loss_sum, pos.loss_count = 0.0, 0
@@ -306,6 +363,10 @@ class Trainer:
             "images_per_s": images_per_s,
             "data_wait_frac": wait_fraction,
         }
+        if self.ema is not None:
+            averaged = self.evaluate(self.ema.model)
+            self.last_eval |= {"ema_val_loss": averaged["loss"], "ema_val_acc": averaged["acc"]}
+        self._track_best()
         if not self.dist.is_main:
             throughput.reset()
             return
@@ -323,6 +384,26 @@ class Trainer:
             100 * wait_fraction,
         )
         throughput.reset()
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Loss and accuracy of `model` (the trained one or its average) on one validation
+        pass."""
+        batches = self.val_batches.take(len(self.val_loader))
+        prepare, autocast = self.memory_format.batch, self.precision.autocast
+        return evaluate(model, batches, self.to_device, prepare, autocast, self.dist)
+
+    def _track_best(self) -> None:
+        """After an evaluation: a better monitored value writes best.pt (the whole state, so
+        `repro.evaluate` and a test after training read it like any checkpoint)."""
+        value = self.last_eval[self.settings.monitor]
+        if not self.best.improves(value, self.settings.monitor_mode):
+            self.best.stale += 1
+            return
+        self.best = Best(value, self.position.step, 0)
+        if self.settings.save_checkpoints:
+            state = self.state_dict()  # a collective: every rank takes part
+            if self.dist.is_main:
+                self.checkpointer.save_best(state, self.position.step)
 
     def _progress(self) -> Progress:
         enabled = {"on": True, "off": False}.get(self.settings.progress, sys.stdout.isatty())

@@ -21,6 +21,10 @@ class LoopSettings:
     sync_debug: bool = False
     fingerprint_every_steps: int = 50
     progress: str = "auto"
+    monitor: str = "val_acc"
+    monitor_mode: str = "max"
+    patience: int | None = None
+    accumulate_steps: int = 1
 
     @classmethod
     def from_config(cls, cfg: Any) -> LoopSettings:
@@ -37,4 +41,8 @@ class LoopSettings:
             sync_debug=bool(trainer.sync_debug),
             fingerprint_every_steps=int(logger.fingerprint_every_steps),
             progress=str(logger.progress),
+            monitor=str(trainer.monitor),
+            monitor_mode=str(trainer.monitor_mode),
+            patience=trainer.patience,
+            accumulate_steps=int(trainer.accumulate_steps),
         )

@@ -1,0 +1,52 @@
+"""`trainer.test_after_fit`: the test split evaluated once after training, with the weights
+`trainer.test_weights` names: `best` (checkpoints/best.pt), `last` or `ema` (the average)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from torch import nn
+
+from repro import build
+from repro.data.loader import Batches
+from repro.engine.checkpoint import BEST_FILE, load
+from repro.engine.evaluation import evaluate
+from repro.engine.loop import Trainer
+from repro.runtime import distributed
+
+log = logging.getLogger(__name__)
+
+
+def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
+    """`test_loss`, `test_acc` and the weights used, for a run that trained to its end (or
+    stopped early); nothing for a run stopped by a signal or a halt."""
+    finished = trainer.stopped_early or trainer.position.step >= trainer.total_steps
+    if not cfg.trainer.test_after_fit or not finished:
+        return {}
+    which, model = _weights(cfg.trainer.test_weights, trainer)
+    loader = build.test_loader(cfg, parts.data, parts.context)
+    prepare, autocast = trainer.memory_format.batch, trainer.precision.autocast
+    with Batches(loader) as batches:
+        result = evaluate(
+            model, batches.take(len(loader)), trainer.to_device, prepare, autocast, trainer.dist
+        )
+    log.info("test (%s weights) | loss %.4f acc %.4f", which, result["loss"], result["acc"])
+    return {"test_loss": result["loss"], "test_acc": result["acc"], "test_weights": which}
+
+
+def _weights(which: str, trainer: Trainer) -> tuple[str, nn.Module]:
+    if which == "ema":
+        assert trainer.ema is not None  # config.validate requires trainer.ema_decay
+        return which, trainer.ema.model
+    best = trainer.checkpointer.folder / BEST_FILE
+    if which == "last" or trainer.best.step is None or not best.exists():
+        if which == "best":
+            log.warning("no %s (checkpoints off?): testing the last weights", best)
+        return "last", trainer.model
+    trainer.checkpointer.wait()
+    distributed.barrier(trainer.dist)  # rank 0 wrote it; every rank reads it
+    model = copy.deepcopy(trainer.model)
+    model.load_state_dict(load(best)["model"])
+    return which, model

@@ -1,0 +1,149 @@
+"""Best checkpoint, test after training, early stopping, EMA and gradient accumulation."""
+
+from __future__ import annotations
+
+import csv
+import signal
+
+import pytest
+import torch
+
+from repro import evaluate
+from repro.engine.ema import WeightAverage
+from repro.errors import ConfigError
+
+from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
+
+TWO_EPOCHS = tiny("trainer.epochs=2", "trainer.eval_every_steps=2")
+
+
+def rows(run_dir) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_best_pt_holds_the_best_evaluation_and_the_test_split_is_evaluated(tmp_path):
+    summary = train_in_process(tmp_path, *TWO_EPOCHS)
+    evaluations = rows(tmp_path)
+    best = max(evaluations, key=lambda row: float(row["val_acc"]))  # the first of equals
+    assert summary["best_val_acc"] == float(best["val_acc"])
+    assert summary["best_step"] == int(best["step"])
+    assert 0 <= summary["test_acc"] <= 1 and summary["test_weights"] == "best"
+    again = evaluate.evaluate_checkpoint(tmp_path / "checkpoints" / "best.pt", split="val")
+    assert again["acc"] == summary["best_val_acc"] and again["step"] == summary["best_step"]
+    tested = evaluate.evaluate_checkpoint(tmp_path / "checkpoints" / "best.pt", split="test")
+    assert tested["acc"] == summary["test_acc"] and tested["loss"] == summary["test_loss"]
+
+
+def test_a_loss_monitor_keeps_the_lowest_loss(tmp_path):
+    summary = train_in_process(
+        tmp_path, *TWO_EPOCHS, "trainer.monitor=val_loss", "trainer.monitor_mode=min",
+        "trainer.test_weights=last",
+    )  # fmt: skip
+    losses = {int(row["step"]): float(row["val_loss"]) for row in rows(tmp_path)}
+    assert summary["best_val_loss"] == min(losses.values())
+    assert losses[summary["best_step"]] == summary["best_val_loss"]
+    assert summary["test_weights"] == "last"
+
+
+def test_patience_stops_a_run_that_no_longer_improves_and_a_rerun_has_nothing_to_do(tmp_path):
+    # lr 0: the weights never change, so no evaluation after the first is better.
+    frozen = tiny("optimizer.lr=0", "trainer.eval_every_steps=1", "trainer.patience=2")
+    summary = train_in_process(tmp_path, *frozen)
+    assert summary["stopped_early"] and summary["completed"]
+    assert summary["step"] == 3 and summary["best_step"] == 1  # evaluations at 1, 2, 3
+    assert summary["total_steps"] == 6 and "test_acc" in summary
+    again = train_in_process(tmp_path, *frozen)
+    assert again.get("already_complete") and again["step"] == 3
+
+
+def test_ema_follows_the_weights_with_one_multi_tensor_update():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    average = WeightAverage(model, decay=0.75)
+    before = [p.clone() for p in average.model.parameters()]
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    model(torch.randn(4, 3))  # BatchNorm's running statistics and step count move
+    average.update()
+    for old, new, current in zip(
+        before, average.model.parameters(), model.parameters(), strict=True
+    ):
+        assert torch.allclose(new, 0.75 * old + 0.25 * current)
+    assert average.model[1].num_batches_tracked == model[1].num_batches_tracked == 1
+    assert torch.allclose(average.model[1].running_mean, 0.25 * model[1].running_mean)
+
+
+def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
+    summary = train_in_process(
+        tmp_path, *TWO_EPOCHS, "trainer.ema_decay=0.9", "trainer.test_weights=ema",
+        "trainer.monitor=ema_val_acc",
+    )  # fmt: skip
+    evaluations = rows(tmp_path)
+    assert all(row["ema_val_acc"] != "" for row in evaluations)
+    assert any(row["ema_val_acc"] != row["val_acc"] for row in evaluations)
+    assert summary["test_weights"] == "ema" and "best_ema_val_acc" in summary
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["trainer.test_weights=ema"], "trainer.test_weights"),
+        (["trainer.monitor=val_ac"], "trainer.monitor"),
+        (["trainer.accumulate_steps=3"], "trainer.accumulate_steps"),
+        (["trainer.ema_decay=1.5"], "trainer.ema_decay"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused(overrides, key, tmp_path):
+    with pytest.raises(ConfigError, match=key):
+        train_in_process(tmp_path, *tiny(*overrides))
+
+
+NO_BATCHNORM = tiny("model.batchnorm=false", "trainer.max_steps=3", "data.augment=false")
+
+
+def test_accumulating_two_half_batches_is_one_batch_up_to_rounding(tmp_path):
+    # Not bitwise: the two halves' gradients are summed after each is reduced over its own
+    # 32 images, a different order of float additions than one reduction over 64.
+    whole = train_in_process(tmp_path / "whole", *NO_BATCHNORM)
+    halves = train_in_process(tmp_path / "halves", *NO_BATCHNORM, "trainer.accumulate_steps=2")
+    assert whole["weights_sha256"] != halves["weights_sha256"]
+    first = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)
+    second = torch.load(tmp_path / "halves" / "checkpoints" / "last.pt", weights_only=True)
+    for name, weights in first["model"].items():
+        assert torch.allclose(weights, second["model"][name], rtol=1e-4, atol=1e-6), name
+    assert halves["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-4)
+
+
+EMA_ACCUMULATE = tiny(
+    "trainer.epochs=2", "trainer.checkpoint_every_steps=4", "trainer.ema_decay=0.99",
+    "trainer.accumulate_steps=2",
+)  # fmt: skip
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ema_and_accumulation_resume_exactly_after_a_kill(workers, tmp_path):
+    command = [*EMA_ACCUMULATE, f"dataloader.num_workers={workers}"]
+    straight = run_cli("repro.train", *command, f"hydra.run.dir={tmp_path / 'straight'}")
+    assert straight.returncode == 0, straight.stderr
+    run_dir = tmp_path / "killed"
+    killed = run_cli(
+        "repro.train", *command, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:9"}
+    )
+    assert killed.returncode == -signal.SIGKILL
+    resumed = run_cli("repro.train", *command, f"hydra.run.dir={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr
+    expected, summary = read_summary(tmp_path / "straight"), read_summary(run_dir)
+    assert summary["resumed_from_step"] == 8
+    assert summary["weights_sha256"] == expected["weights_sha256"]
+    for key in ("best_val_acc", "best_step", "test_acc", "ema_val_acc"):
+        assert summary[key] == expected[key], key
+
+
+def test_the_new_keys_compose_from_the_defaults():
+    trainer = compose_config().trainer
+    assert (trainer.monitor, trainer.monitor_mode, trainer.test_weights) == (
+        "val_acc", "max", "best"
+    )  # fmt: skip
+    assert trainer.test_after_fit and trainer.accumulate_steps == 1 and trainer.ema_decay is None
