@@ -75,6 +75,20 @@ def fake_job(sweep_dir, num, overrides, **metrics):
     (folder / "summary.json").write_text(json.dumps({**values, "seed": num, "completed": True}))
 
 
+def test_the_report_shows_test_accuracy_beside_validation_where_jobs_tested(tmp_path):
+    fake_job(tmp_path, 0, ["seed=0"], val_acc=0.8, test_acc=0.7, test_loss=0.9)
+    fake_job(tmp_path, 1, ["seed=1"], val_acc=0.9, test_acc=0.75, test_loss=0.8)
+    built = report.build(tmp_path)
+    assert built.groups["all"]["test_acc"]["mean"] == pytest.approx(0.725)
+    text = report.markdown(built)
+    assert "| job | group | seed | val_acc | test_acc |" in text and "| 0.7500 |" in text
+    untested = tmp_path / "untested"
+    fake_job(untested, 0, ["seed=0", "amp=off"], val_acc=0.8)  # no test after training
+    fake_job(untested, 1, ["seed=0", "amp=bf16"], val_acc=0.7)
+    built = report.build(untested)
+    assert "test_acc" not in built.groups["amp=off"] and "test_acc" not in built.comparisons[0]
+
+
 def test_two_groups_statistics_and_the_difference_interval(tmp_path):
     a = [0.90, 0.92, 0.91, 0.95]
     b = [0.93, 0.97, 0.96]

@@ -119,11 +119,25 @@ class TrainerConfig:
 
 
 @dataclass
+class MlflowConfig:
+    tracking_uri: Optional[str] = MISSING
+    experiment: str = MISSING
+
+
+@dataclass
+class WandbConfig:
+    project: str = MISSING
+    mode: str = MISSING  # offline | online | disabled
+
+
+@dataclass
 class LoggerConfig:
     tensorboard: bool = MISSING
     fingerprint_every_steps: int = MISSING
     progress: str = MISSING  # auto | on | off
     plot: bool = MISSING
+    mlflow: Optional[MlflowConfig] = None  # logger=mlflow
+    wandb: Optional[WandbConfig] = None  # logger=wandb
 
 
 @dataclass
@@ -172,6 +186,7 @@ CHOICES = {
     "trainer.monitor_mode": ("max", "min"),
     "trainer.test_weights": ("best", "last", "ema"),
     "logger.progress": ("auto", "on", "off"),
+    "logger.wandb.mode": ("offline", "online", "disabled"),
 }
 
 # key: (lowest allowed, whether None is allowed)

@@ -27,7 +27,7 @@ from repro import config, launch
 from repro.data import fingerprint
 from repro.engine import assembly, final_test, history, resume
 from repro.engine.checkpoint import Checkpointer
-from repro.engine.loggers import plot_curves
+from repro.engine.loggers import MetricsLog, plot_curves
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
 from repro.errors import UserError, exit_with, one_line
@@ -83,7 +83,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
     summary |= final_test.test_after_fit(cfg, trainer, parts)  # with trainer.test_after_fit
     if dist.is_main:
-        _write_records(run_dir, summary, run_history, cfg)
+        _write_records(run_dir, summary, run_history, cfg, trainer.metrics)
     distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
     return summary
 
@@ -160,13 +160,19 @@ def _summary(
 
 
 def _write_records(
-    run_dir: Path, summary: dict[str, Any], run_history: history.RunHistory, cfg: DictConfig
+    run_dir: Path,
+    summary: dict[str, Any],
+    run_history: history.RunHistory,
+    cfg: DictConfig,
+    metrics: MetricsLog,
 ) -> None:
-    """summary.json, the attempt's result in the run history, and the curves."""
+    """summary.json, the attempt's result in the run history, the curves, then all of it to
+    the experiment trackers."""
     write_json_atomic(run_dir / "summary.json", summary)
     run_history.end(_result(summary), summary["step"])
     if cfg.logger.plot and (run_dir / "metrics.csv").exists():
         plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+    metrics.finish(summary)
 
 
 def _result(summary: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from repro import build
 from repro.data.datasets import Splits
 from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
-from repro.engine import preflight
+from repro.engine import preflight, trackers
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.ema import WeightAverage
 from repro.engine.fingerprint_log import FingerprintLog
@@ -126,7 +126,8 @@ def outputs(
 ) -> Outputs:
     """Where a run's Trainer writes (TensorBoard on rank 0 only, with `logger.tensorboard`)."""
     ema = cfg.trainer.ema_decay is not None  # metrics.csv gets the average's columns
-    metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main, ema)
+    tracking = trackers.from_config(cfg, run_dir) if dist.is_main else []
+    metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main, ema, tracking)
     return Outputs(checkpointer, metrics, FingerprintLog.of_run(run_dir))
 
 

@@ -1,9 +1,11 @@
-"""Where metrics go: metrics.csv always, TensorBoard when enabled, curves.png at the end."""
+"""Where metrics go: metrics.csv always, TensorBoard when enabled, experiment trackers
+(MLflow, W&B) when configured, curves.png at the end."""
 
 from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,12 @@ EMA_COLUMNS = ("ema_val_loss", "ema_val_acc")  # with trainer.ema_decay
 class MetricsLog:
     """Appends one row per evaluation to metrics.csv (kept across resumes) and to TensorBoard."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool, ema: bool = False) -> None:
+    def __init__(
+        self, run_dir: Path, tensorboard: bool, ema: bool = False, trackers: Sequence[Any] = ()
+    ) -> None:
         self.path = run_dir / "metrics.csv"
         self.columns = COLUMNS + EMA_COLUMNS if ema else COLUMNS
+        self.trackers = list(trackers)  # engine/trackers.py
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -60,6 +65,13 @@ class MetricsLog:
             for key in self.columns[2:]:
                 self.writer.add_scalar(key, values[key], values["step"])
             self.writer.flush()
+        for tracker in self.trackers:
+            tracker.metrics(values, values["step"])
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The run's end: its summary and records to the trackers."""
+        for tracker in self.trackers:
+            tracker.finish(summary)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -23,7 +23,8 @@ from repro.files import write_text_atomic
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.stats import difference_of_means, summarize
 
-METRICS = ("val_acc", "val_loss", "train_loss", "wall_s")
+# test_acc and test_loss only where the jobs tested after training (trainer.test_after_fit).
+METRICS = ("val_acc", "test_acc", "val_loss", "test_loss", "train_loss", "wall_s")
 
 
 @dataclass
@@ -85,17 +86,14 @@ def build(sweep_dir: Path) -> Report:
         if job.ok and job.summary is not None:
             group = values.setdefault(job.group, {m: [] for m in METRICS})
             for metric in METRICS:
-                group[metric].append(float(job.summary[metric]))
+                if job.summary.get(metric) is not None:
+                    group[metric].append(float(job.summary[metric]))
     for name, metrics in values.items():
         report.groups[name] = {m: summarize(v).as_dict() for m, v in metrics.items() if v}
     for a, b in combinations(values, 2):
-        report.comparisons.append(
-            {
-                "a": a,
-                "b": b,
-                **{m: difference_of_means(values[a][m], values[b][m]).as_dict() for m in METRICS},
-            }
-        )
+        both = [m for m in METRICS if values[a][m] and values[b][m]]
+        differences = {m: difference_of_means(values[a][m], values[b][m]).as_dict() for m in both}
+        report.comparisons.append({"a": a, "b": b, **differences})
     return report
 
 
@@ -123,20 +121,21 @@ def markdown(report: Report) -> str:
         lines += ["", "## Differences of means (b - a, Welch 95% CI)", ""]
         lines += ["| a | b | metric | difference | 95% CI |", "|---|---|---|---|---|"]
         for comp in report.comparisons:
-            for metric in METRICS:
+            for metric in (m for m in METRICS if m in comp):
                 d = comp[metric]
                 ci = f"[{_fmt(d['ci_low'])}, {_fmt(d['ci_high'])}]"
                 lines.append(
                     f"| {comp['a']} | {comp['b']} | {metric} | {_fmt(d['difference'])} | {ci} |"
                 )
-    lines += ["", "## Jobs", "", "| job | group | seed | val_acc | weights_sha256 | status |"]
-    lines += ["|---|---|---|---|---|---|"]
+    lines += ["", "## Jobs", ""]
+    lines += ["| job | group | seed | val_acc | test_acc | weights_sha256 | status |"]
+    lines += ["|---|---|---|---|---|---|---|"]
     for job in report.jobs:
         s = job.summary or {}
         status = "ok" if job.ok else f"FAILED: {job.error}"
         sha = s.get("weights_sha256", "")[:16]
-        seed, acc = s.get("seed", ""), _fmt(s.get("val_acc"))
-        lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {sha} | {status} |")
+        seed, acc, test = s.get("seed", ""), _fmt(s.get("val_acc")), _fmt(s.get("test_acc"))
+        lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {test} | {sha} | {status} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,53 @@
+"""logger=mlflow and logger=wandb, read back with the libraries' own clients."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny, train_in_process
+
+RUN = tiny("trainer.epochs=2")
+
+
+def test_mlflow_records_params_metrics_and_artifacts_that_its_client_reads(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    store = f"file:{tmp_path / 'mlruns'}"
+    run_dir = tmp_path / "run"
+    summary = train_in_process(
+        run_dir, *RUN, "logger=mlflow", f"logger.mlflow.tracking_uri={store}"
+    )
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    run = client.get_run((run_dir / ".mlflow_run_id").read_text().strip())
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    assert run.data.params["trainer.epochs"] == "2" and run.data.params["seed.value"] == "0"
+    history = client.get_metric_history(run.info.run_id, "val_acc")
+    assert [m.step for m in history] == [6, 12]  # one per evaluation (epoch ends), at its step
+    assert history[-1].value == summary["val_acc"]
+    assert run.data.metrics["final/test_acc"] == summary["test_acc"]
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "metrics.csv", "resolved_config.yaml"} <= artifacts
+
+
+def test_wandb_offline_records_the_same_run_in_the_run_folder(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    try:
+        summary = train_in_process(run_dir, *RUN, "logger=wandb")
+    except Exception as error:
+        if "wandb" in type(error).__module__:
+            pytest.skip(f"W&B cannot run offline here: {error}")
+        raise
+    run_id = (run_dir / ".wandb_run_id").read_text().strip()
+    offline = list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(offline) == 1
+    files = {path.name for path in offline[0].rglob("*") if path.is_file()}
+    assert {"summary.json", "metrics.csv", "resolved_config.yaml"} <= files  # run.save
+    # The run's records, as W&B's offline transaction log holds them (protobuf: the keys and
+    # the JSON-encoded values appear as they are); `wandb sync` uploads this file.
+    log = (offline[0] / f"run-{run_id}.wandb").read_bytes()
+    for key in (b"trainer.epochs", b"val_acc", b"test_acc", b"best_step"):
+        assert key in log, key
+    assert repr(summary["test_acc"]).encode() in log
