@@ -30,7 +30,7 @@ class Exploit:
 def test_a_checkpoint_holds_the_whole_state_and_loads_weights_only(tmp_path):
     train_in_process(tmp_path / "run", *KEEP)
     state = checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt")
-    for key in ("model", "optimizer", "scheduler", "scaler", "position", "rng", "config"):
+    for key in ("model", "optimizer", "scheduler", "scaler", "position", "rng", "config", "best"):
         assert key in state
     (rng,) = state["rng"]  # one entry per process; a single process here
     assert set(rng) == {"python", "numpy", "torch", "device"}
@@ -38,7 +38,8 @@ def test_a_checkpoint_holds_the_whole_state_and_loads_weights_only(tmp_path):
     assert state["position"]["step"] == 12 and state["position"]["epoch"] == 2
     assert state["config"]["trainer"]["epochs"] == 2
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert names == ["last.pt", "step-00000008.pt", "step-00000010.pt", "step-00000012.pt"]
+    kept = ["step-00000008.pt", "step-00000010.pt", "step-00000012.pt"]
+    assert names == ["best.pt", "last.pt", *kept]  # best.pt is never pruned
 
 
 def test_rng_states_round_trip():

@@ -30,8 +30,9 @@ from repro import build
 from repro.benchmarks import common
 from repro.benchmarks.common import Column, Result
 from repro.data.loader import Batches
-from repro.engine.loop import Position, Trainer
+from repro.engine.loop import Trainer
 from repro.engine.metrics import Throughput
+from repro.engine.position import Position
 
 ACCEPT = 0.97
 

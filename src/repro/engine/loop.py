@@ -7,14 +7,12 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from repro.data.loader import Batches
@@ -27,8 +25,10 @@ from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
 from repro.engine.metrics import Throughput, weights_sha256
 from repro.engine.mixing import BatchMixer
+from repro.engine.position import Best, Position
 from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
+from repro.engine.step import OptimizerStep
 from repro.errors import CheckpointError, UserError
 from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
@@ -42,32 +42,6 @@ SIGNAL_SYNC_STEPS = 10
 
 class NonFiniteLossError(UserError):
     """The loss became NaN or infinite: a diverged run, reported with its step."""
-
-
-@dataclass
-class Position:
-    """Where the run is: `batch` batches of `epoch` done, `step` optimizer steps in all,
-    and the training loss summed since the last evaluation (for its metrics row)."""
-
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
-    loss_sum: float = 0.0
-    loss_count: int = 0
-
-
-@dataclass
-class Best:
-    """The best monitored value so far, its step, and the evaluations since then."""
-
-    value: float | None = None
-    step: int | None = None
-    stale: int = 0
-
-    def improves(self, value: float, mode: str) -> bool:
-        if self.value is None or math.isnan(self.value):
-            return not math.isnan(value)
-        return value > self.value if mode == "max" else value < self.value
 
 
 @dataclass
@@ -100,6 +74,10 @@ class Trainer:
     def __post_init__(self) -> None:
         if self.forward_model is None:
             self.forward_model = self.model
+        self.step = OptimizerStep(
+            self.model, self.forward_model, self.optimizer, self.scheduler, self.precision,
+            self.memory_format, self.settings, self.mixer, self.ema,
+        )  # fmt: skip
         self.val_batches = Batches(self.val_loader)  # one iterator: its workers start once
 
     # ---- state -------------------------------------------------------------------------
@@ -254,57 +232,8 @@ class Trainer:
         return signum or None
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on a batch already on the device; the loss, left on the device.
-
-        With `accumulate_steps` k, the batch runs as k micro-batches in order, each loss
-        divided by k, so the summed gradients are those of the whole batch's mean loss; under
-        DDP the gradients are all-reduced once, with the last micro-batch.
-        """
-        mixed = None
-        if self.mixer is not None:  # keyed on the batch's place: the position before the step
-            mixed = self.mixer(images, labels, self.position.epoch, self.position.batch)
-            images = mixed.images
-        images = self.memory_format.batch(images)
-        pieces = self.settings.accumulate_steps
-        partners = mixed.partner_labels if mixed is not None else labels
-        weight = mixed.weight if mixed is not None else None
-        self.optimizer.zero_grad(set_to_none=True)
-        scaler = self.precision.scaler
-        total = None
-        micro = zip(images.chunk(pieces), labels.chunk(pieces), partners.chunk(pieces), strict=True)
-        for index, (x, y, partner) in enumerate(micro):
-            with self._gradient_sync(last=index == pieces - 1), self.precision.autocast():
-                loss = self._loss(self.forward_model(x), y, partner, weight)
-                if pieces > 1:
-                    loss = loss / pieces
-            scaler.scale(loss).backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        if self.settings.grad_clip is not None:
-            scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
-        scaler.step(self.optimizer)
-        scaler.update()
-        self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update()
-        return total
-
-    def _loss(
-        self, logits: torch.Tensor, labels: torch.Tensor, partners: torch.Tensor, weight: Any
-    ) -> torch.Tensor:
-        """Cross-entropy; with MixUp/CutMix against the mixed targets."""
-        smoothing = self.settings.label_smoothing
-        loss = nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
-        if weight is None:
-            return loss
-        other = nn.functional.cross_entropy(logits, partners, label_smoothing=smoothing)
-        return loss * weight + other * (1 - weight)
-
-    def _gradient_sync(self, last: bool) -> AbstractContextManager[Any]:
-        """DDP all-reduces gradients in backward; only the last micro-batch's should."""
-        if last or not isinstance(self.forward_model, DistributedDataParallel):
-            return nullcontext()
-        return self.forward_model.no_sync()
+        """One optimizer step on a batch already on the device; the loss, left on the device."""
+        return self.step(images, labels, self.position.epoch, self.position.batch)
 
     # ---- bookkeeping -------------------------------------------------------------------
 

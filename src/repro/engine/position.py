@@ -1,0 +1,32 @@
+"""Where a run is, and the best evaluation so far: both checkpointed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class Position:
+    """Where the run is: `batch` batches of `epoch` done, `step` optimizer steps in all,
+    and the training loss summed since the last evaluation (for its metrics row)."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+
+
+@dataclass
+class Best:
+    """The best monitored value so far, its step, and the evaluations since then."""
+
+    value: float | None = None
+    step: int | None = None
+    stale: int = 0
+
+    def improves(self, value: float, mode: str) -> bool:
+        if self.value is None or math.isnan(self.value):
+            return not math.isnan(value)
+        return value > self.value if mode == "max" else value < self.value
