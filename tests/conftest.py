@@ -62,6 +62,20 @@ def run_cli(module: str, *args: str, env: dict[str, str] | None = None, timeout:
     )  # fmt: skip
 
 
+def torchrun(
+    *args: str, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=N -m repro.train args...` on this machine (gloo on a CPU)."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m", "repro.train", *args,
+    ]  # fmt: skip
+    full_env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
+    return subprocess.run(
+        command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from repro.data.samplers import EpochBatches
 
-from conftest import ROOT, read_summary, run_cli, tiny
+from conftest import read_summary, run_cli, tiny, torchrun
 
 DDP = tiny(
     "trainer.batch_size=32",
@@ -19,17 +16,6 @@ DDP = tiny(
     "trainer.checkpoint_every_steps=2",
     "dataloader.num_workers=0",
 )  # fmt: skip  -- 384 images, 2 ranks x 32 per step: 6 steps per epoch
-
-
-def torchrun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m", "repro.train", *args,
-    ]  # fmt: skip
-    full_env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
-    return subprocess.run(
-        command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300
-    )
 
 
 @pytest.fixture(scope="module")

@@ -116,6 +116,8 @@ class TrainerConfig:
     accumulate_steps: int = MISSING
     test_after_fit: bool = MISSING
     test_weights: str = MISSING  # best | last | ema
+    world_invariant: bool = MISSING
+    micro_batch: Optional[int] = MISSING
 
 
 @dataclass
@@ -203,6 +205,7 @@ MINIMUM = {
     "trainer.keep_checkpoints": (1, False),
     "trainer.patience": (1, True),
     "trainer.accumulate_steps": (1, False),
+    "trainer.micro_batch": (1, True),
     "trainer.grad_clip": (0, True),
     "trainer.label_smoothing": (0, False),
     "dataloader.num_workers": (0, False),
@@ -312,6 +315,12 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
     if cfg.seed.value is not None and cfg.seed.value < 0:
         raise ConfigError("seed.value", cfg.seed.value, "an integer >= 0")
     _check_trainer_extras(cfg.trainer)
+    augment = cfg.get("augment")
+    if cfg.trainer.world_invariant and augment and (augment.mixup_alpha or augment.cutmix_alpha):
+        allowed = (
+            "0 with trainer.world_invariant=true (mixing is keyed per rank, not per micro-batch)"
+        )
+        raise ConfigError("augment.mixup_alpha", augment.mixup_alpha, allowed)
     if not 0 <= cfg.trainer.label_smoothing < 1:
         raise ConfigError("trainer.label_smoothing", cfg.trainer.label_smoothing, "in [0, 1)")
     if len(cfg.data.mean) != 3 or len(cfg.data.std) != 3 or min(cfg.data.std) <= 0:
@@ -340,6 +349,24 @@ def _check_trainer_extras(trainer: DictConfig) -> None:
         raise ConfigError(key, trainer.get(key.split(".")[1]), "needs trainer.ema_decay set")
     if trainer.ema_decay is not None and not 0 < trainer.ema_decay < 1:
         raise ConfigError("trainer.ema_decay", trainer.ema_decay, "null or in (0, 1)")
+    if trainer.world_invariant:
+        _check_world_invariant(trainer)
     if trainer.batch_size % trainer.accumulate_steps:
         allowed = f"a divisor of trainer.batch_size ({trainer.batch_size})"
         raise ConfigError("trainer.accumulate_steps", trainer.accumulate_steps, allowed)
+
+
+def _check_world_invariant(trainer: DictConfig) -> None:
+    """What world-invariant training needs, and what it cannot make invariant."""
+    needs = {
+        "trainer.global_batch": (trainer.global_batch, True, "true: the batch is the total"),
+        "trainer.accumulate_steps": (trainer.accumulate_steps, 1, "1: micro_batch does that"),
+        "trainer.sync_batchnorm": (trainer.sync_batchnorm, False, "false: statistics are "
+                                   "combined in micro-batch order instead"),
+    }  # fmt: skip
+    for key, (value, wanted, why) in needs.items():
+        if value != wanted:
+            raise ConfigError(key, value, f"{why} with trainer.world_invariant=true")
+    if trainer.micro_batch is None or trainer.batch_size % trainer.micro_batch:
+        allowed = f"a divisor of trainer.batch_size ({trainer.batch_size}) with world_invariant"
+        raise ConfigError("trainer.micro_batch", trainer.micro_batch, allowed)

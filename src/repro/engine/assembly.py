@@ -24,9 +24,11 @@ from repro.engine import preflight, trackers
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.ema import WeightAverage
 from repro.engine.fingerprint_log import FingerprintLog
+from repro.engine.invariant import InvariantStep
 from repro.engine.loggers import MetricsLog
 from repro.engine.loop import LoopSettings, Trainer
 from repro.engine.mixing import BatchMixer
+from repro.errors import ConfigError
 from repro.runtime import compilation, determinism, distributed, threads
 from repro.runtime.devices import reuse_host_memory, select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
@@ -90,7 +92,11 @@ def build_parts(cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = No
     model = build.model(cfg, root_seed)
     preflight.check_classes(model, data, cfg.data.image_size)
     model = knobs.memory_format.model(model.to(knobs.device))
-    forward_model = build.data_parallel(model, cfg.trainer.sync_batchnorm, knobs.dist, knobs.device)
+    forward_model = (
+        model  # the micro-batch gradient exchange replaces DDP's all-reduce
+        if cfg.trainer.world_invariant
+        else build.data_parallel(model, cfg.trainer.sync_batchnorm, knobs.dist, knobs.device)
+    )
     if cfg.trainer.compile:
         # The DDP wrapper, not the model inside: gradient all-reduces overlap the backward pass.
         compilation.compile_in_place(forward_model)
@@ -141,6 +147,7 @@ def trainer(
 ) -> Trainer:
     """The loop over `parts`. Every checkpoint holds `extra_state` (the config and the seed)
     and the values a resume must find unchanged (`Knobs.resolved`)."""
+    ema = WeightAverage(parts.model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
     return loop(
         model=parts.model,
         optimizer=parts.optimizer,
@@ -160,8 +167,28 @@ def trainer(
         dist=knobs.dist,
         forward_model=parts.forward_model,
         mixer=_mixer(cfg, int(cfg.seed.value), knobs.dist.rank),  # the resolved root seed
-        ema=WeightAverage(parts.model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None,
+        ema=ema,
+        step=_invariant_step(cfg, knobs, parts, ema) if cfg.trainer.world_invariant else None,
     )
+
+
+def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, ema: Any) -> InvariantStep:
+    """The optimizer step of `trainer.world_invariant`, checked against this world."""
+    per_rank, micro = build.rank_batch_size(cfg, knobs.dist.world), cfg.trainer.micro_batch
+    if per_rank % micro:
+        allowed = f"a divisor of the {per_rank} images each of {knobs.dist.world} ranks gets"
+        raise ConfigError("trainer.micro_batch", micro, allowed)
+    if knobs.precision.mode == "fp16":
+        raise ConfigError("amp", "fp16", "off or bf16 with trainer.world_invariant=true")
+    if knobs.device.type == "cpu" and cfg.trainer.num_threads is None:
+        # A CPU kernel's sums follow the thread count, and torchrun sets OMP_NUM_THREADS=1
+        # for several processes only: the count must not depend on the launch.
+        allowed = "a fixed count (e.g. 1) with trainer.world_invariant=true on CPU"
+        raise ConfigError("trainer.num_threads", None, allowed)
+    return InvariantStep(
+        parts.model, parts.optimizer, parts.scheduler, knobs.precision, knobs.memory_format,
+        LoopSettings.from_config(cfg), micro, int(cfg.seed.value), knobs.dist, ema,
+    )  # fmt: skip
 
 
 def _mixer(cfg: Any, root_seed: int, rank: int) -> BatchMixer | None:

@@ -65,6 +65,7 @@ class Trainer:
     forward_model: nn.Module | None = None  # the DDP wrapper under torchrun; None: the model
     mixer: BatchMixer | None = None  # MixUp / CutMix
     ema: WeightAverage | None = None  # trainer.ema_decay
+    step: Any = None  # one optimizer step; None: an OptimizerStep over the fields above
     position: Position = field(default_factory=Position)
     last_eval: dict[str, float] = field(default_factory=dict)
     best: Best = field(default_factory=Best)
@@ -74,10 +75,11 @@ class Trainer:
     def __post_init__(self) -> None:
         if self.forward_model is None:
             self.forward_model = self.model
-        self.step = OptimizerStep(
-            self.model, self.forward_model, self.optimizer, self.scheduler, self.precision,
-            self.memory_format, self.settings, self.mixer, self.ema,
-        )  # fmt: skip
+        if self.step is None:
+            self.step = OptimizerStep(
+                self.model, self.forward_model, self.optimizer, self.scheduler, self.precision,
+                self.memory_format, self.settings, self.mixer, self.ema,
+            )  # fmt: skip
         self.val_batches = Batches(self.val_loader)  # one iterator: its workers start once
 
     # ---- state -------------------------------------------------------------------------
@@ -98,9 +100,15 @@ class Trainer:
             "best": vars(self.best).copy(),
             "stopped_early": self.stopped_early,
             "ema": self.ema.state_dict() if self.ema is not None else None,
-            "rng": distributed.gather(capture_rng(self.device), self.dist),  # in rank order
+            "rng": self._rng_states(),
             **self.extra_state,
         }
+
+    def _rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's generator states, in rank order (rank 0's alone when the run is
+        world-invariant, so that the checkpoint does not depend on the world size)."""
+        states = distributed.gather(capture_rng(self.device), self.dist)
+        return states[:1] if self.settings.world_invariant else states
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -115,10 +123,14 @@ class Trainer:
             if state.get("ema") is None:
                 raise CheckpointError("the checkpoint holds no weight average to resume")
             self.ema.load_state_dict(state["ema"])
+        if self.settings.world_invariant:  # nothing depends on the world size: rank 0's will do
+            restore_rng(state["rng"][0], self.device)
+            return
         if len(state["rng"]) != self.dist.world:
             raise CheckpointError(
                 f"the checkpoint was written by {len(state['rng'])} process(es), this run has "
-                f"{self.dist.world}; resume with the same torchrun --nproc_per_node"
+                f"{self.dist.world}; resume with the same torchrun --nproc_per_node (or train "
+                "with trainer.world_invariant=true)"
             )
         restore_rng(state["rng"][self.dist.rank], self.device)
 
@@ -245,7 +257,7 @@ class Trainer:
         if not losses:
             return
         stacked = torch.stack(losses).double()
-        if self.dist.enabled:  # the loss of a step is the mean over ranks
+        if self.dist.enabled and not self.settings.world_invariant:  # the mean over ranks
             stacked = distributed.sum_tensor(stacked, self.dist) / self.dist.world
         values = stacked.cpu().tolist()
         first_step = self.position.step - len(values) + 1

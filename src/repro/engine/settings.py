@@ -25,6 +25,7 @@ class LoopSettings:
     monitor_mode: str = "max"
     patience: int | None = None
     accumulate_steps: int = 1
+    world_invariant: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any) -> LoopSettings:
@@ -45,4 +46,5 @@ class LoopSettings:
             monitor_mode=str(trainer.monitor_mode),
             patience=trainer.patience,
             accumulate_steps=int(trainer.accumulate_steps),
+            world_invariant=bool(trainer.world_invariant),
         )

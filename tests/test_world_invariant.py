@@ -1,0 +1,93 @@
+"""trainer.world_invariant: the same weights on 1, 2 or 4 processes, and resume on another."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from repro.engine.invariant import tree_sum
+from repro.errors import ConfigError
+
+from conftest import compose_config, read_summary, run_cli, tiny, torchrun, train_in_process
+
+# 384 images, global batches of 64 in micro-batches of 16: 4 micro-batches per step, 6 steps
+# per epoch. The thread count is fixed: CPU kernels sum in an order that follows it.
+INVARIANT = tiny(
+    "trainer.epochs=2", "trainer.global_batch=true", "trainer.world_invariant=true",
+    "trainer.micro_batch=16", "trainer.num_threads=1", "trainer.checkpoint_every_steps=4",
+    "dataloader.num_workers=0", "model.dropout=0.3",
+)  # fmt: skip
+
+
+def test_the_tree_sums_in_one_fixed_order():
+    rows = torch.tensor([[1e8], [1.0], [-1e8], [1.0], [3.0]], dtype=torch.float32)
+    # ((r0 + r1) + (r2 + r3)) + r4 in float32, where 1e8 + 1 rounds to 1e8: 3, while adding
+    # the rows one after another gives 4. The order shows in the result.
+    one_by_one = rows[0]
+    for row in rows[1:]:
+        one_by_one = one_by_one + row
+    assert tree_sum(rows).item() == 3.0 and one_by_one.item() == 4.0
+    assert torch.equal(tree_sum(rows), tree_sum(rows.clone()))
+    assert tree_sum(rows[:1]).item() == 1e8
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    done = run_cli("repro.train", *INVARIANT, f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return read_summary(run_dir)
+
+
+@pytest.mark.e2e
+def test_two_processes_give_the_weights_of_one(one_process, tmp_path):
+    done = torchrun(*INVARIANT, f"hydra.run.dir={tmp_path / 'two'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = read_summary(tmp_path / "two")
+    assert two["world_size"] == 2 and two["weights_sha256"] == one_process["weights_sha256"]
+    assert two["val_loss"] == one_process["val_loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_four_processes_give_the_weights_of_one(one_process, tmp_path):
+    done = torchrun(*INVARIANT, f"hydra.run.dir={tmp_path / 'four'}", nproc=4, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_summary(tmp_path / "four")["weights_sha256"] == one_process["weights_sha256"]
+
+
+@pytest.mark.e2e
+def test_two_processes_killed_then_resumed_on_one(one_process, tmp_path):
+    run_dir = tmp_path / "run"
+    killed = torchrun(*INVARIANT, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:7"})
+    assert killed.returncode != 0 and not (run_dir / "summary.json").exists()
+    resumed = run_cli("repro.train", *INVARIANT, f"hydra.run.dir={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] == 6 and summary["world_size"] == 1  # the epoch end
+    assert summary["weights_sha256"] == one_process["weights_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["trainer.global_batch=false"], "trainer.global_batch"),
+        (["trainer.micro_batch=24"], "trainer.micro_batch"),
+        (["trainer.micro_batch=null"], "trainer.micro_batch"),
+        (["trainer.accumulate_steps=2"], "trainer.accumulate_steps"),
+        (["augment.cutmix_alpha=1.0"], "augment.mixup_alpha"),
+        (["trainer.num_threads=null"], "trainer.num_threads"),
+    ],
+)
+def test_what_world_invariance_needs_is_named(overrides, key, tmp_path):
+    with pytest.raises(ConfigError, match=key):
+        train_in_process(tmp_path, *INVARIANT, *overrides)
+    assert compose_config(*INVARIANT).trainer.world_invariant
+
+
+def test_dropout_and_batchnorm_run_per_micro_batch_in_one_process(tmp_path):
+    once = train_in_process(tmp_path / "a", *INVARIANT, "trainer.max_steps=3")
+    again = train_in_process(tmp_path / "b", *INVARIANT, "trainer.max_steps=3")
+    plain = train_in_process(tmp_path / "c", *INVARIANT, "trainer.max_steps=3",
+                             "trainer.world_invariant=false")  # fmt: skip
+    assert once["weights_sha256"] == again["weights_sha256"] != plain["weights_sha256"]
