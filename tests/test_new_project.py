@@ -16,7 +16,8 @@ from conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "new_project.py"
 TEMPLATE = "repro"  # the package this project calls itself (new projects rewrite it, too)
-NAME = "ember_lab"
+# Another name than this package's own, so that a project generated as ember_lab passes too.
+NAME = "ember_lab" if TEMPLATE != "ember_lab" else "ember_lab_two"
 OLD_WORD = re.compile(rf"\b{TEMPLATE}\b", re.IGNORECASE)  # "reproducible" does not match
 
 
@@ -55,10 +56,11 @@ def test_the_package_is_renamed_everywhere(project):
     assert {path: found for path, found in left.items() if found} == {}
     pyproject = (project / "pyproject.toml").read_text()
     assert f'name = "{NAME}"' in pyproject and f'packages = ["src/{NAME}"]' in pyproject
-    assert 'name = "ember-lab"' in (project / "uv.lock").read_text()  # uv's normalised name
+    normalised = NAME.replace("_", "-")  # as uv writes it
+    assert f'name = "{normalised}"' in (project / "uv.lock").read_text()
     assert f"_target_: {NAME}.models" in (project / "conf" / "model" / "small_cnn.yaml").read_text()
     assert f"python -m {NAME}.train" in (project / "README.md").read_text()
-    assert "EMBER_LAB_DATA" in (project / "conf" / "data" / "cifar10.yaml").read_text()
+    assert f"{NAME.upper()}_DATA" in (project / "conf" / "data" / "cifar10.yaml").read_text()
     assert "## Reproducibility" in (project / "README.md").read_text()  # only the name changed
     workflow = (project / ".github" / "workflows" / "ci.yml").read_text()
     assert f"name: {NAME} CI" in workflow and "run: make test" in workflow
