@@ -17,7 +17,7 @@ from conftest import ROOT
 SCRIPT = ROOT / "scripts" / "new_project.py"
 TEMPLATE = "repro"  # the package this project calls itself (new projects rewrite it, too)
 # Another name than this package's own, so that a project generated as ember_lab passes too.
-NAME = "ember_lab" if TEMPLATE != "ember_lab" else "ember_lab_two"
+NAME = "ember_lab" if TEMPLATE != "ember_lab" else "sample_lab"
 OLD_WORD = re.compile(rf"\b{TEMPLATE}\b", re.IGNORECASE)  # "reproducible" does not match
 
 
