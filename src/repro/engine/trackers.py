@@ -109,7 +109,7 @@ class WandbTracker:
         except ImportError:
             raise ConfigError("logger", "wandb", "install the trackers extra first") from None
         settings = cfg.logger.wandb
-        self.run_dir = run_dir
+        self.run_dir, self.wandb = run_dir, wandb
         run_id = _kept_id(run_dir, self.ID_FILE)
         self.run = wandb.init(
             project=settings.project,
@@ -132,3 +132,6 @@ class WandbTracker:
             if (self.run_dir / name).exists():
                 self.run.save(str(self.run_dir / name), base_path=str(self.run_dir))
         self.run.finish()
+        # W&B writes through a service process; `finish` can return before it has written
+        # everything (the offline log once held only its header). This waits for it.
+        self.wandb.teardown()
