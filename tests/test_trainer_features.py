@@ -57,6 +57,11 @@ def test_patience_stops_a_run_that_no_longer_improves_and_a_rerun_has_nothing_to
     assert again.get("already_complete") and again["step"] == 3
 
 
+def test_without_test_after_fit_the_test_split_is_left_alone(tmp_path):
+    summary = train_in_process(tmp_path, *tiny("trainer.test_after_fit=false"))
+    assert summary["completed"] and "test_acc" not in summary and "test_weights" not in summary
+
+
 def test_ema_follows_the_weights_with_one_multi_tensor_update():
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     average = WeightAverage(model, decay=0.75)
@@ -92,6 +97,13 @@ def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
         (["trainer.monitor=val_ac"], "trainer.monitor"),
         (["trainer.accumulate_steps=3"], "trainer.accumulate_steps"),
         (["trainer.ema_decay=1.5"], "trainer.ema_decay"),
+        (["trainer.monitor_mode=up"], "trainer.monitor_mode"),
+        (["trainer.test_weights=first"], "trainer.test_weights"),
+        (["trainer.patience=0"], "trainer.patience"),
+        (["augment.mixup_alpha=-1"], "augment.mixup_alpha"),
+        (["augment.cutmix_alpha=-0.5"], "augment.cutmix_alpha"),
+        (["data.cache=disk"], "data.cache"),
+        (["data.cache_budget_gib=-1"], "data.cache_budget_gib"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(overrides, key, tmp_path):

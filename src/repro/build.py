@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from repro.data import device_loader, transforms
-from repro.data.datasets import Splits, build_splits
+from repro.data.datasets import Source, Splits, build_splits
 from repro.data.loader import LoaderContext, eval_loader, train_loader
 from repro.data.samplers import EpochBatches
 from repro.errors import ConfigError
@@ -131,18 +131,20 @@ def loaders(
     if sampler.batches_per_epoch() == 0:
         allowed = f"at most the {len(data.train)} training images (over all ranks)"
         raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, allowed)
-    val = eval_loader(data.val, eval_transform, cfg.trainer.eval_batch_size, dl, context)
-    pin = context.pin_memory
-    return prefetched(train, prepare, pin), sampler, prefetched(val, prepare, pin)
+    val = evaluation_loader(cfg, data.val, eval_transform, context)
+    return prefetched(train, prepare, context.pin_memory), sampler, val
 
 
-def test_loader(cfg: Any, data: Splits, context: LoaderContext) -> Any:
-    """The test split, one pass in stored order, as evaluation reads the validation split."""
-    _, eval_transform = pipelines(cfg, resized=data.resized)
+def evaluation_loader(
+    cfg: Any, source: Source, eval_transform: transforms.Compose, context: LoaderContext
+) -> Any:
+    """A split in stored order, pass after pass, for evaluation (validation, or the test
+    after training): made on the device with `dataloader=device`, else by a DataLoader whose
+    batches a CUDA prefetcher copies ahead."""
     batch = cfg.trainer.eval_batch_size
     if cfg.dataloader.on_device:
-        return device_loader.DeviceEvalLoader(data.test, eval_transform, batch, context)
-    loader = eval_loader(data.test, eval_transform, batch, cfg.dataloader, context)
+        return device_loader.DeviceEvalLoader(source, eval_transform, batch, context)
+    loader = eval_loader(source, eval_transform, batch, cfg.dataloader, context)
     return prefetched(loader, device_batches(cfg, context.device), context.pin_memory)
 
 
