@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from repro import evaluate
 from repro.engine import checkpoint
 from repro.engine.checkpoint import Checkpointer, TruncatedCheckpointError
 from repro.errors import CheckpointError
@@ -186,6 +187,74 @@ def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint_usable(
     resumed = run_cli("repro.train", *KEEP, f"hydra.run.dir={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert read_summary(run_dir)["resumed_from_step"] == 8
+
+
+def marked(value: int) -> dict:
+    return {"model": {"w": torch.tensor([value])}, "position": {"step": value}}
+
+
+def best_weights(folder) -> int:
+    return int(checkpoint.load(folder / "best.pt")["model"]["w"])
+
+
+def test_best_pt_changes_only_once_a_checkpoint_records_the_new_best(tmp_path):
+    keeper = Checkpointer(tmp_path, keep=2)
+    keeper.save_best(marked(1), 1)
+    keeper.save(marked(1), 1)
+    keeper.save_best(marked(3), 3)  # a better evaluation after the checkpoint of step 1
+    keeper.wait()
+    assert best_weights(tmp_path) == 1  # last.pt records step 1's best
+    assert (tmp_path / "best-00000003.pt").exists()
+    keeper.save_best(marked(4), 4)
+    keeper.save(marked(5), 5)
+    keeper.wait()
+    assert best_weights(tmp_path) == 4 and not list(tmp_path.glob("best-*.pt"))
+
+
+def test_a_resume_keeps_the_best_its_checkpoint_records_and_drops_later_ones(tmp_path):
+    keeper = Checkpointer(tmp_path, keep=2)
+    keeper.save_best(marked(1), 1)
+    keeper.save(marked(2), 2)
+    keeper.save_best(marked(3), 3)
+    keeper.wait()  # then killed before the checkpoint of step 4
+    Checkpointer(tmp_path, keep=2).settle_best(best_step=1)
+    assert best_weights(tmp_path) == 1 and not list(tmp_path.glob("best-*.pt"))
+    # Killed after last.pt named the checkpoint of step 5 but before its best was renamed:
+    (tmp_path / "best-00000005.pt").write_bytes((tmp_path / "last.pt").read_bytes())
+    Checkpointer(tmp_path, keep=2).settle_best(best_step=5)
+    assert checkpoint.load(tmp_path / "best.pt")["position"]["step"] == 2
+    assert not list(tmp_path.glob("best-*.pt"))
+
+
+@pytest.mark.e2e
+def test_best_pt_agrees_with_the_summary_when_a_resume_never_repeats_a_lost_evaluation(
+    tmp_path,
+):
+    run_dir = tmp_path / "run"
+    # The default widths: their validation loss falls within a few steps of the first.
+    every_step = [*tiny("trainer.eval_every_steps=1", "trainer.monitor=val_loss",
+                        "trainer.monitor_mode=min"), "model.widths=[16,32,64,128]"]  # fmt: skip
+    train_in_process(run_dir, *every_step, "trainer.halt_at_step=1")  # checkpoint at step 1
+    killed = run_cli("repro.train", *every_step, f"hydra.run.dir={run_dir}",
+                     env={"REPRO_FAULT": "step:6"})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    # Steps 2 to 5 were evaluated after the last checkpoint (step 1), and at least one was a
+    # new best; then the process died.
+    assert list((run_dir / "checkpoints").glob("best-*.pt")), "no better evaluation in 2..5"
+    # Resumed to end where it is: steps 2 to 5 are never evaluated again.
+    summary = train_in_process(run_dir, *every_step, "trainer.max_steps=1")
+    assert summary["resumed_from_step"] == 1 and summary["best_step"] == 1
+    best = evaluate.evaluate_checkpoint(run_dir / "checkpoints" / "best.pt", split="val")
+    assert best["step"] == 1 and best["loss"] == summary["best_val_loss"]
+    assert not list((run_dir / "checkpoints").glob("best-*.pt"))
+
+
+def test_a_run_that_ends_inside_an_epoch_ends_with_its_checkpoint(tmp_path):
+    mid_epoch = tiny("trainer.epochs=2", "trainer.max_steps=10", "trainer.eval_every_steps=5")
+    summary = train_in_process(tmp_path, *mid_epoch)
+    last = checkpoint.load(tmp_path / "checkpoints" / "last.pt")
+    assert last["position"]["step"] == summary["step"] == 10
+    assert train_in_process(tmp_path, *mid_epoch).get("already_complete")
 
 
 def test_the_weights_hash_reads_every_tensor_the_same_through_one_flat_copy():

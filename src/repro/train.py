@@ -108,11 +108,13 @@ def _already_complete(run_dir: Path, state: dict, total_steps: int) -> bool:
 
 
 def _start(trainer: Trainer, state: dict | None, run_dir: Path) -> None:
-    """Load the resume state and drop the log rows a killed attempt wrote after it."""
+    """Load the resume state; drop the log rows and best weights a killed attempt wrote
+    after it."""
     if state:
         trainer.load_state_dict(state)
     if trainer.dist.is_main:
         resume.truncate_logs(run_dir, trainer.position.step)
+        trainer.checkpointer.settle_best(trainer.best.step)
     if state:
         pos = trainer.position
         where = f"at epoch {pos.epoch}, batch {pos.batch}, step {pos.step}"

@@ -35,7 +35,8 @@ FORMAT = "repro-checkpoint"
 VERSION = 3
 ZIP_MAGIC = b"PK\x03\x04"
 STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
-BEST_FILE = "best.pt"  # the best evaluated weights (trainer.monitor)
+BEST_FILE = "best.pt"  # the best evaluated weights (trainer.monitor) that last.pt records
+PENDING_BEST = re.compile(r"^best-(\d{8,})\.pt$")  # a better evaluation since last.pt
 
 
 class TruncatedCheckpointError(CheckpointError):
@@ -184,9 +185,25 @@ class Checkpointer:
         return self._start(state, self.folder / f"step-{step:08d}.pt", step, latest=True)
 
     def save_best(self, state: dict[str, Any], step: int) -> Path:
-        """Start writing `state` as best.pt, the best evaluated weights: never pruned, never
-        what a resume starts from."""
-        return self._start(state, self.folder / BEST_FILE, step, latest=False)
+        """Start writing `state`, the best evaluated weights so far, as best-NNNNNNNN.pt.
+
+        It becomes best.pt once the next checkpoint, which records it as the best, is on
+        disk. So best.pt always holds the best that last.pt records: a run killed between an
+        evaluation and its next checkpoint resumes with a best.pt that agrees with it, even
+        if the resumed run never repeats that evaluation. best.pt is never pruned and never
+        what a resume starts from.
+        """
+        return self._start(state, self.folder / f"best-{step:08d}.pt", step, latest=False)
+
+    def settle_best(self, best_step: int | None) -> None:
+        """On starting a run: make best.pt the best that the checkpoint resumed from records
+        (at `best_step`; None: no evaluation yet) and drop the killed attempt's later ones."""
+        self.wait()
+        for step, path in self._pending_best():
+            if step == best_step:
+                self._promote(path)
+            else:  # written after the checkpoint: the resumed run decides again
+                path.unlink()
 
     def _start(self, state: dict[str, Any], path: Path, step: int, latest: bool) -> Path:
         self.wait()
@@ -222,6 +239,7 @@ class Checkpointer:
             atomic_save(state, path, step)
             if latest:
                 self._point_last_at(path)
+                self._promote_best_up_to(step)
                 for old in self.step_files()[self.keep :]:
                     old.unlink(missing_ok=True)
         except BaseException as error:  # handed to the training thread by `wait`
@@ -234,6 +252,25 @@ class Checkpointer:
                 os.link(path, tmp)
             except OSError:  # a file system without hard links: a copy
                 atomic_save(torch.load(path, map_location="cpu", weights_only=True), tmp)
+        _fsync_dir(self.folder)
+
+    def _pending_best(self) -> list[tuple[int, Path]]:
+        """The best-NNNNNNNN.pt files and their steps, newest first."""
+        if not self.folder.is_dir():
+            return []
+        found = [(PENDING_BEST.match(p.name), p) for p in self.folder.iterdir()]
+        return sorted(((int(m.group(1)), p) for m, p in found if m), reverse=True)
+
+    def _promote_best_up_to(self, step: int) -> None:
+        """The checkpoint of `step` is on disk: the newest best evaluated by then is best.pt."""
+        due = [path for best_step, path in self._pending_best() if best_step <= step]
+        if due:
+            self._promote(due[0])
+        for superseded in due[1:]:
+            superseded.unlink()
+
+    def _promote(self, path: Path) -> None:
+        path.replace(self.folder / BEST_FILE)
         _fsync_dir(self.folder)
 
     def latest_good(self) -> tuple[Path, dict[str, Any]] | None:

@@ -206,7 +206,7 @@ class Trainer:
                     self.checkpoint(losses)
                     self.stopped_by = signum
                     return
-            if not self.last_eval or self.last_eval["step"] != pos.step:
+            if not self.last_eval or self.last_eval["step"] != pos.step:  # nothing left to run
                 self.evaluate_and_log(losses, throughput)
                 self.checkpoint(losses)
 
@@ -219,17 +219,21 @@ class Trainer:
         return patience is not None and self.best.stale >= patience
 
     def _evaluate_now(self, epoch_ended: bool) -> bool:
-        """At the end of every `eval_every_epochs`-th epoch (and of the last one), or every
+        """At the end of every `eval_every_epochs`-th epoch and of the run, and every
         `eval_every_steps` steps inside an epoch."""
+        if self._finished():
+            return True
         if epoch_ended:
-            return self.position.epoch % self.settings.eval_every_epochs == 0 or self._finished()
+            return self.position.epoch % self.settings.eval_every_epochs == 0
         every_steps = self.settings.eval_every_steps
         return bool(every_steps) and self.position.step % every_steps == 0
 
     def _checkpoint_now(self, epoch_ended: bool) -> bool:
-        """At the end of every epoch, and every `checkpoint_every_steps` steps."""
+        """At the end of every epoch and of the run (wherever `max_steps` ends it), and every
+        `checkpoint_every_steps` steps."""
         every_steps = self.settings.checkpoint_every_steps
-        return epoch_ended or (bool(every_steps) and self.position.step % every_steps == 0)
+        periodic = bool(every_steps) and self.position.step % every_steps == 0
+        return epoch_ended or periodic or self._finished()
 
     def agreed_signal(self, stop: StopRequest) -> int | None:
         """The stop signal, if any rank got one: all ranks must stop at the same step. Under
