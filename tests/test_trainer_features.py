@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import signal
 
@@ -10,6 +11,8 @@ import torch
 
 from repro import evaluate
 from repro.engine.ema import WeightAverage
+from repro.engine.evaluation import evaluate as evaluate_batches
+from repro.engine.evaluation import predict
 from repro.errors import ConfigError
 
 from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
@@ -104,6 +107,7 @@ def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
         (["augment.cutmix_alpha=-0.5"], "augment.cutmix_alpha"),
         (["data.cache=disk"], "data.cache"),
         (["data.cache_budget_gib=-1"], "data.cache_budget_gib"),
+        (["trainer.tta=mirror"], "trainer.tta"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(overrides, key, tmp_path):
@@ -159,3 +163,30 @@ def test_the_new_keys_compose_from_the_defaults():
         "val_acc", "max", "best"
     )  # fmt: skip
     assert trainer.test_after_fit and trainer.accumulate_steps == 1 and trainer.ema_decay is None
+
+
+def test_flip_averaging_evaluates_each_image_and_its_mirror_image():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 3 * 4, 5))
+    images, labels = torch.randn(6, 2, 3, 4), torch.arange(6) % 5
+    mirrored = torch.flip(images, dims=[3])
+    expected = (model(images) + model(mirrored)) / 2
+    assert torch.equal(predict(model, images, "flip"), expected)
+    assert not torch.allclose(predict(model, images, "none"), expected)  # not mirror-symmetric
+    result = evaluate_batches(model, [(images, labels)], lambda x, y: (x, y), lambda x: x,
+                              contextlib.nullcontext, tta="flip")  # fmt: skip
+    loss = torch.nn.functional.cross_entropy(expected, labels).item()
+    assert result["loss"] == pytest.approx(loss, rel=1e-6)
+    assert result["acc"] == (expected.argmax(1) == labels).sum().item() / len(labels)
+
+
+def test_tta_changes_every_evaluation_and_never_the_weights(tmp_path):
+    plain = train_in_process(tmp_path / "plain", *TWO_EPOCHS)
+    flipped = train_in_process(tmp_path / "flip", *TWO_EPOCHS, "trainer.tta=flip")
+    assert flipped["weights_sha256"] == plain["weights_sha256"]
+    assert flipped["val_loss"] != plain["val_loss"] and flipped["test_loss"] != plain["test_loss"]
+    last = tmp_path / "flip" / "checkpoints" / "last.pt"
+    again = evaluate.evaluate_checkpoint(last, split="val")  # the run's own tta
+    assert again["tta"] == "flip" and again["loss"] == flipped["val_loss"]
+    without = evaluate.evaluate_checkpoint(last, split="val", tta="none")
+    assert without["loss"] == plain["val_loss"]

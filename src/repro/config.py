@@ -116,6 +116,7 @@ class TrainerConfig:
     accumulate_steps: int = MISSING
     test_after_fit: bool = MISSING
     test_weights: str = MISSING  # best | last | ema
+    tta: str = MISSING  # none | flip: test-time augmentation of every evaluation
     world_invariant: bool = MISSING
     micro_batch: Optional[int] = MISSING
 
@@ -187,6 +188,7 @@ CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.monitor_mode": ("max", "min"),
     "trainer.test_weights": ("best", "last", "ema"),
+    "trainer.tta": ("none", "flip"),
     "logger.progress": ("auto", "on", "off"),
     "logger.wandb.mode": ("offline", "online", "disabled"),
 }

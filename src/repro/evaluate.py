@@ -1,8 +1,8 @@
 """Evaluate a checkpoint: `python -m repro.evaluate ckpt=PATH [split=test] [device=auto]`.
 
 The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
-may point at the data's new place on this machine. Prints loss and accuracy; with
-`out=FILE`, also writes them as JSON.
+may point at the data's new place on this machine, and `tta=none|flip` overrides the
+run's `trainer.tta`. Prints loss and accuracy; with `out=FILE`, also writes them as JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from repro import build
+from repro import build, config
 from repro.data.cache import decode
 from repro.data.loader import Batches, LoaderContext, eval_loader
 from repro.data.sources import ImageFiles
@@ -32,7 +32,7 @@ from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 
 SPLITS = ("train", "val", "test")
-ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size"}
+ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size", "tta"}
 
 
 def evaluate_checkpoint(
@@ -41,12 +41,18 @@ def evaluate_checkpoint(
     device_name: str = "auto",
     data_root: str | None = None,
     batch_size: int | None = None,
+    tta: str | None = None,
 ) -> dict[str, Any]:
-    """Loss and accuracy of the checkpoint's model on one split of its dataset."""
+    """Loss and accuracy of the checkpoint's model on one split of its dataset, with the
+    run's test-time augmentation unless `tta` names one."""
     if split not in SPLITS:
         raise ConfigError("split", split, f"choose one of {', '.join(SPLITS)}")
+    allowed = config.CHOICES["trainer.tta"]
+    if tta is not None and tta not in allowed:
+        raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
     state = load(ckpt)
     cfg = OmegaConf.create(state["config"])
+    tta = tta or cfg.trainer.get("tta", "none")
     if data_root is not None:
         cfg.data.root = data_root
     root_seed = state["root_seed"]
@@ -74,10 +80,12 @@ def evaluate_checkpoint(
     to_device = build.device_batches(cfg, device)
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
-        result = evaluate(model, one_pass, to_device, memory_format.batch, precision.autocast)
+        prepare, autocast = memory_format.batch, precision.autocast
+        result = evaluate(model, one_pass, to_device, prepare, autocast, tta=tta)
     return {
         "split": split,
         "images": len(source),
+        "tta": tta,
         **result,
         "step": state["position"]["step"],
     }
@@ -102,12 +110,14 @@ def main(argv: list[str]) -> None:
             str(args.get("device", "auto")),
             OmegaConf.select(args, "data.root"),
             args.get("batch_size"),
+            args.get("tta"),
         )
     except UserError as error:
         exit_with(error)
+    flips = ", flip test-time augmentation" if result["tta"] == "flip" else ""
     print(
         f"{result['split']}: loss {result['loss']:.4f}  acc {result['acc']:.4f}  "
-        f"({result['images']} images, checkpoint step {result['step']})"
+        f"({result['images']} images, checkpoint step {result['step']}{flips})"
     )
     if "out" in args:
         write_json_atomic(Path(str(args.out)), result)

@@ -30,9 +30,9 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
     loader = build.evaluation_loader(cfg, parts.data.test, eval_transform, parts.context)
     prepare, autocast = trainer.memory_format.batch, trainer.precision.autocast
     with Batches(loader) as batches:
-        result = evaluate(
-            model, batches.take(len(loader)), trainer.to_device, prepare, autocast, trainer.dist
-        )
+        one_pass = batches.take(len(loader))
+        tta = trainer.settings.tta
+        result = evaluate(model, one_pass, trainer.to_device, prepare, autocast, trainer.dist, tta)
     log.info("test (%s weights) | loss %.4f acc %.4f", which, result["loss"], result["acc"])
     return {"test_loss": result["loss"], "test_acc": result["acc"], "test_weights": which}
 

@@ -335,7 +335,8 @@ class Trainer:
         pass."""
         batches = self.val_batches.take(len(self.val_loader))
         prepare, autocast = self.memory_format.batch, self.precision.autocast
-        return evaluate(model, batches, self.to_device, prepare, autocast, self.dist)
+        tta = self.settings.tta
+        return evaluate(model, batches, self.to_device, prepare, autocast, self.dist, tta)
 
     def _track_best(self) -> None:
         """After an evaluation: a better monitored value writes best.pt (the whole state, so

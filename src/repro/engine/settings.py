@@ -26,6 +26,7 @@ class LoopSettings:
     patience: int | None = None
     accumulate_steps: int = 1
     world_invariant: bool = False
+    tta: str = "none"
 
     @classmethod
     def from_config(cls, cfg: Any) -> LoopSettings:
@@ -47,4 +48,5 @@ class LoopSettings:
             patience=trainer.patience,
             accumulate_steps=int(trainer.accumulate_steps),
             world_invariant=bool(trainer.world_invariant),
+            tta=str(trainer.tta),
         )
