@@ -82,6 +82,17 @@ def test_a_yaml_list_of_torchvision_transforms_trains_the_same_for_any_worker_co
     assert plain["weights_sha256"] != hashes[0], "the transforms must have changed the images"
 
 
+def test_cutout_trains_the_same_with_workers_or_the_device_loader(tmp_path):
+    run = tiny("trainer.max_steps=4", "augment.cutout=8")
+    loaders = {"w0": "dataloader.num_workers=0", "w2": "dataloader.num_workers=2",
+               "device": "dataloader=device"}  # fmt: skip
+    hashes = {name: train_in_process(tmp_path / name, *run, loader)["weights_sha256"]
+              for name, loader in loaders.items()}  # fmt: skip
+    assert len(set(hashes.values())) == 1, hashes
+    plain = train_in_process(tmp_path / "plain", *tiny("trainer.max_steps=4"))
+    assert plain["weights_sha256"] != hashes["w0"], "the cutout must have changed the images"
+
+
 def test_mixing_is_keyed_on_the_batch_and_keeps_what_it_mixes():
     images = torch.rand(16, 3, 8, 8)
     labels = torch.arange(16)

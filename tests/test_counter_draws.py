@@ -58,6 +58,21 @@ def test_batched_crop_and_flip_give_the_per_sample_bytes():
     assert torch.equal(plain, batched), "the gather table and the plain batch ops agree"
 
 
+def test_cutout_zeroes_one_square_per_sample_the_same_per_sample_and_batched():
+    images = torch.randint(1, 256, (50, 3, 8, 8), dtype=torch.uint8)  # no zero of its own
+    pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=0, cutout=3)
+    indices = torch.arange(50)
+    keys = SampleKeys(STREAM, 5, indices)
+    batched = pipeline.over(images)(indices, keys)  # crop and flip gathered, then the cutout
+    one_by_one = [pipeline(images[i], SampleKeys(STREAM, 5, int(i))) for i in indices]
+    assert torch.equal(batched, torch.stack(one_by_one))
+    assert torch.equal(pipeline.batch(images, keys), batched)
+    zeroed = batched == 0
+    assert (zeroed.sum(dim=(1, 2, 3)) == 3 * 3 * 3).all(), "one 3x3 square, in every channel"
+    rows, cols = zeroed[:, 0].any(2).int().argmax(1), zeroed[:, 0].any(1).int().argmax(1)
+    assert len(set(zip(rows.tolist(), cols.tolist(), strict=True))) > 10, "squares move"
+
+
 def test_a_batch_is_keyed_once_not_per_sample(monkeypatch):
     made = []
     original = SampleKeys.__init__
@@ -90,5 +105,5 @@ def test_the_same_draws_on_a_gpu():
     indices = torch.arange(10_000)
     on_cpu = SampleKeys(STREAM, 3, indices)
     on_gpu = SampleKeys(STREAM, 3, indices.cuda())
-    for draw in (0, 1, 2):
+    for draw in range(transforms.CUTOUT_LEFT + 1):
         assert torch.equal(on_cpu.bits(draw), on_gpu.bits(draw).cpu())

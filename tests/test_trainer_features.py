@@ -108,6 +108,8 @@ def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
         (["data.cache=disk"], "data.cache"),
         (["data.cache_budget_gib=-1"], "data.cache_budget_gib"),
         (["trainer.tta=mirror"], "trainer.tta"),
+        (["augment.cutout=33"], "augment.cutout"),
+        (["augment.cutout=-1"], "augment.cutout"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(overrides, key, tmp_path):

@@ -77,10 +77,12 @@ def pipelines(cfg: Any, resized: bool = False) -> tuple[transforms.Compose, tran
         resize = size  # files come in any size; a batch needs one
     augment = cfg.get("augment")  # absent from the configs of older checkpoints
     crop_flip = augment is None or bool(augment.crop_flip)
+    cutout = int(augment.get("cutout", 0)) if augment is not None else 0
     extra = torchvision_transforms(augment.transforms) if augment is not None else []
     train = transforms.build(
-        data.augment, size, resize, pad, crop_flip=crop_flip, extra=extra, resized=resized
-    )
+        data.augment, size, resize, pad,
+        crop_flip=crop_flip, cutout=cutout, extra=extra, resized=resized,
+    )  # fmt: skip
     return train, transforms.build(False, size, resize, pad, resized=resized)
 
 

@@ -83,6 +83,7 @@ class DataConfig:
 @dataclass
 class AugmentConfig:
     crop_flip: bool = MISSING
+    cutout: int = MISSING  # > 0: a random square of this side set to zero (Cutout)
     transforms: list[Any] = MISSING  # torchvision.transforms.v2 nodes with a _target_
     mixup_alpha: float = MISSING
     cutmix_alpha: float = MISSING
@@ -221,6 +222,7 @@ MINIMUM = {
     "data.fraction": (0, False),
     "data.cache_budget_gib": (0, False),
     "augment.mixup_alpha": (0, False),
+    "augment.cutout": (0, False),
     "augment.cutmix_alpha": (0, False),
     "logger.fingerprint_every_steps": (1, False),
     "optimizer.lr": (0, False),
@@ -323,6 +325,9 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             "0 with trainer.world_invariant=true (mixing is keyed per rank, not per micro-batch)"
         )
         raise ConfigError("augment.mixup_alpha", augment.mixup_alpha, allowed)
+    if augment and augment.cutout > cfg.data.image_size:
+        allowed = f"0 (off) or a side of at most data.image_size ({cfg.data.image_size})"
+        raise ConfigError("augment.cutout", augment.cutout, allowed)
     if not 0 <= cfg.trainer.label_smoothing < 1:
         raise ConfigError("trainer.label_smoothing", cfg.trainer.label_smoothing, "in [0, 1)")
     if len(cfg.data.mean) != 3 or len(cfg.data.std) != 3 or min(cfg.data.std) <= 0:

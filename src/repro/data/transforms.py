@@ -25,6 +25,7 @@ Transform = Callable[[torch.Tensor, "SampleKeys | None"], torch.Tensor]
 
 # Each random transform's own draw numbers, so no two draws of a sample coincide.
 CROP_TOP, CROP_LEFT, FLIP, TORCHVISION_SEED_LOW, TORCHVISION_SEED_HIGH = 0, 1, 2, 3, 4
+CUTOUT_TOP, CUTOUT_LEFT = 5, 6
 
 
 class Compose:
@@ -57,11 +58,14 @@ class Compose:
 
     def over(self, images: torch.Tensor) -> Gathered | CropFlipTable:
         """This (batchable) pipeline over a whole uint8 (N, C, H, W) dataset, as a callable
-        (indices, keys) -> batch: the train pipeline (random crop, then flip) becomes one
-        gather from a padded and mirrored copy of the dataset made here."""
+        (indices, keys) -> batch: a train pipeline that starts with a random crop (then a
+        flip) makes those with one gather from a padded and mirrored copy of the dataset
+        made here, then runs the steps after them on the batch."""
         kinds = [type(step) for step in self.steps]
-        if kinds in ([RandomCrop], [RandomCrop, HorizontalFlip]):
-            return CropFlipTable(images, *self.steps)  # type: ignore[arg-type]
+        for head in ([RandomCrop, HorizontalFlip], [RandomCrop]):
+            if kinds[: len(head)] == head:
+                rest = Compose(self.steps[len(head) :])
+                return CropFlipTable(images, *self.steps[: len(head)], then=rest)  # type: ignore[arg-type]
         return Gathered(images, self)
 
 
@@ -86,7 +90,11 @@ class CropFlipTable:
     """
 
     def __init__(
-        self, images: torch.Tensor, crop: RandomCrop, flip: HorizontalFlip | None = None
+        self,
+        images: torch.Tensor,
+        crop: RandomCrop,
+        flip: HorizontalFlip | None = None,
+        then: Compose | None = None,
     ) -> None:
         count, channels, height, width = images.shape
         pad, size = crop.padding, crop.size
@@ -95,6 +103,7 @@ class CropFlipTable:
         table = torch.stack([padded, padded.flip(-1)]) if flip is not None else padded
         self.rows = table.view(-1).unfold(0, size, 1)  # row i: table's bytes i .. i+size-1
         self.crop, self.flip, self.shape = crop, flip, (count, channels, height, width)
+        self.then = then if then is not None and then.steps else None
         device = images.device
         self.channel = torch.arange(channels, device=device).view(1, -1, 1)
         self.span = torch.arange(size, device=device).view(1, 1, -1)
@@ -115,8 +124,8 @@ class CropFlipTable:
         image, top, left = image.view(-1, 1, 1), top.view(-1, 1, 1), left.view(-1, 1, 1)
         start = (image * channels + self.channel) * padded_height + top + self.span
         start = start * padded_width + left
-        batch = self.rows.index_select(0, start.view(-1))
-        return batch.view(len(indices), channels, size, size)
+        batch = self.rows.index_select(0, start.view(-1)).view(len(indices), channels, size, size)
+        return batch if self.then is None else self.then.batch(batch, keys)
 
 
 class RandomCrop:
@@ -176,6 +185,36 @@ class HorizontalFlip:
     def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         flips = self.draw(keys).view(-1, 1, 1, 1)
         return torch.where(flips, images.flip(-1), images).contiguous()
+
+
+class Cutout:
+    """Cutout (DeVries and Taylor, 2017): a random `size` x `size` square of the image, wholly
+    inside it, set to zero (black, as the crop's padding)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def draw(self, keys: SampleKeys | None, height: int, width: int) -> tuple[Any, Any]:
+        """The square's top-left corner: ints for one sample, tensors for a batch."""
+        assert keys is not None
+        top = keys.integers(CUTOUT_TOP, height - self.size + 1)
+        left = keys.integers(CUTOUT_LEFT, width - self.size + 1)
+        return top, left
+
+    def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        top, left = self.draw(keys, *image.shape[-2:])
+        image = image.clone()
+        image[:, top : top + self.size, left : left + self.size] = 0
+        return image
+
+    def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
+        n, _, height, width = images.shape
+        top, left = self.draw(keys, height, width)
+        rows = torch.arange(height, device=images.device) - top.view(n, 1)
+        cols = torch.arange(width, device=images.device) - left.view(n, 1)
+        inside_rows = ((rows >= 0) & (rows < self.size)).view(n, 1, height, 1)
+        inside_cols = ((cols >= 0) & (cols < self.size)).view(n, 1, 1, width)
+        return images.masked_fill(inside_rows & inside_cols, 0)
 
 
 class ResizeShorter:
@@ -239,19 +278,22 @@ def build(
     crop_padding: int,
     *,
     crop_flip: bool = True,
+    cutout: int = 0,
     extra: Sequence[Callable[[torch.Tensor], torch.Tensor]] = (),
     resized: bool = False,
 ) -> Compose:
     """Train (augment=True) or eval pipeline for square `image_size` inputs: resize (unless
     the images were `resized` already, as a decoded cache holds them), then random crop and
-    flip (`crop_flip`) and any torchvision transforms (`extra`) for training, or a centre crop
-    for evaluation."""
+    flip (`crop_flip`), a `cutout` square and any torchvision transforms (`extra`) for
+    training, or a centre crop for evaluation."""
     steps: list[Transform] = []
     if resize is not None and not resized:
         steps.append(ResizeShorter(resize))
     if augment:
         if crop_flip:
             steps += [RandomCrop(image_size, crop_padding), HorizontalFlip()]
+        if cutout:
+            steps.append(Cutout(cutout))
         if extra:
             steps.append(TorchvisionSteps(extra))
     elif resize is not None:
