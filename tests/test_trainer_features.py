@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import signal
+import time
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from repro import evaluate
 from repro.engine.ema import WeightAverage
 from repro.engine.evaluation import evaluate as evaluate_batches
 from repro.engine.evaluation import predict
+from repro.engine.loop import Trainer
 from repro.errors import ConfigError
 
 from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
@@ -192,3 +194,20 @@ def test_tta_changes_every_evaluation_and_never_the_weights(tmp_path):
     assert again["tta"] == "flip" and again["loss"] == flipped["val_loss"]
     without = evaluate.evaluate_checkpoint(last, split="val", tta="none")
     assert without["loss"] == plain["val_loss"]
+
+
+def test_train_seconds_leave_evaluations_out_and_add_up_over_attempts(tmp_path, monkeypatch):
+    evaluate_model = Trainer.evaluate
+
+    def slow(self, model):
+        time.sleep(0.5)
+        return evaluate_model(self, model)
+
+    monkeypatch.setattr(Trainer, "evaluate", slow)
+    run = tiny("trainer.epochs=2", "trainer.eval_every_steps=2")  # 6 evaluations, 3 s asleep
+    halted = train_in_process(tmp_path, *run, "trainer.halt_at_step=5")
+    summary = train_in_process(tmp_path, *run)
+    assert 0 < halted["train_s"] < summary["train_s"] < summary["wall_s"] + halted["wall_s"] - 3
+    seconds = [float(row["train_s"]) for row in rows(tmp_path)]
+    assert len(seconds) == 6 and seconds == sorted(seconds)
+    assert seconds[-1] == pytest.approx(summary["train_s"], abs=0.01)  # then the checkpoint

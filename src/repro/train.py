@@ -143,6 +143,7 @@ def _summary(
         "seed": trainer.extra_state["root_seed"],
         "weights_sha256": weights_sha256(trainer.model),
         "wall_s": time.perf_counter() - started,
+        "train_s": position.train_seconds,
         "total_steps": trainer.total_steps,
         "step": position.step,
         "completed": position.step >= trainer.total_steps or trainer.stopped_early,

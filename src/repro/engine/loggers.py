@@ -20,6 +20,7 @@ COLUMNS = (
     "lr",
     "images_per_s",
     "data_wait_frac",
+    "train_s",
 )
 EMA_COLUMNS = ("ema_val_loss", "ema_val_acc")  # with trainer.ema_decay
 

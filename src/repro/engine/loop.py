@@ -170,6 +170,7 @@ class Trainer:
     def _run(self, batches: Batches, per_epoch: int) -> None:
         watch_syncs = self.settings.sync_debug and self.device.type == "cuda"
         self.model.train()
+        self._training_since = time.perf_counter()
         with StopRequest() as stop, self._progress() as progress:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
@@ -284,12 +285,22 @@ class Trainer:
     def checkpoint(self, losses: list[torch.Tensor]) -> None:
         """Flush the pending losses, then save (unless `save_checkpoints` is off)."""
         self.flush_losses(losses)
+        self._count_training_time()
         if self.settings.save_checkpoints:
             self.save()
+        self._training_since = time.perf_counter()
+
+    def _count_training_time(self) -> None:
+        """Add the time since training last went on to `train_seconds`. Called after a flush
+        of the losses, which waits for a GPU's queued steps, so their time is counted."""
+        now = time.perf_counter()
+        self.position.train_seconds += now - self._training_since
+        self._training_since = now
 
     def evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
         """Flush the pending losses, evaluate, and write the metrics row and the log line."""
         self.flush_losses(losses)
+        self._count_training_time()
         images_per_s, wait_fraction = throughput.read()
         images_per_s *= self.dist.world  # every rank trains as many images
         # The metric is the checkpointed model's: rank 0's, buffers included.
@@ -307,28 +318,28 @@ class Trainer:
             "lr": self.optimizer.param_groups[0]["lr"],
             "images_per_s": images_per_s,
             "data_wait_frac": wait_fraction,
+            "train_s": pos.train_seconds,
         }
         if self.ema is not None:
             averaged = self.evaluate(self.ema.model)
             self.last_eval |= {"ema_val_loss": averaged["loss"], "ema_val_acc": averaged["acc"]}
         self._track_best()
-        if not self.dist.is_main:
-            throughput.reset()
-            return
-        self.metrics.row(self.last_eval)
-        log.info(
-            "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "
-            "%.0f img/s, %.1f%% waiting for data",
-            pos.epoch,
-            pos.step,
-            train_loss,
-            result["loss"],
-            result["acc"],
-            self.last_eval["lr"],
-            images_per_s,
-            100 * wait_fraction,
-        )
+        if self.dist.is_main:
+            self.metrics.row(self.last_eval)
+            log.info(
+                "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "
+                "%.0f img/s, %.1f%% waiting for data",
+                pos.epoch,
+                pos.step,
+                train_loss,
+                result["loss"],
+                result["acc"],
+                self.last_eval["lr"],
+                images_per_s,
+                100 * wait_fraction,
+            )
         throughput.reset()
+        self._training_since = time.perf_counter()
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Loss and accuracy of `model` (the trained one or its average) on one validation

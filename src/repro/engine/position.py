@@ -9,13 +9,16 @@ from dataclasses import dataclass
 @dataclass
 class Position:
     """Where the run is: `batch` batches of `epoch` done, `step` optimizer steps in all,
-    and the training loss summed since the last evaluation (for its metrics row)."""
+    the training loss summed since the last evaluation (for its metrics row), and the
+    seconds spent training so far, over every attempt (steps and waits for data; not
+    evaluations, checkpoints or start-up)."""
 
     epoch: int = 0
     batch: int = 0
     step: int = 0
     loss_sum: float = 0.0
     loss_count: int = 0
+    train_seconds: float = 0.0
 
 
 @dataclass
