@@ -8,15 +8,15 @@ from dataclasses import fields
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from repro import config
+from repro import schema
 
 from conftest import CONF, compose_config
 
 SECTIONS = {
-    "seed": config.SeedConfig, "cudnn": config.CudnnConfig,
-    "dataloader": config.DataLoaderConfig, "memory_format": config.MemoryFormatConfig,
-    "amp": config.AmpConfig, "data": config.DataConfig, "trainer": config.TrainerConfig,
-    "logger": config.LoggerConfig,
+    "seed": schema.SeedConfig, "cudnn": schema.CudnnConfig,
+    "dataloader": schema.DataLoaderConfig, "memory_format": schema.MemoryFormatConfig,
+    "amp": schema.AmpConfig, "data": schema.DataConfig, "trainer": schema.TrainerConfig,
+    "logger": schema.LoggerConfig,
 }  # fmt: skip
 OPTIONS = [
     (group, path.stem) for group in SECTIONS for path in sorted((CONF / group).glob("*.yaml"))

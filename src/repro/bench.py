@@ -19,18 +19,18 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from repro import benchmarks, config, launch
+from repro import benchmarks, config, launch, schema
 from repro.benchmarks import common
 from repro.errors import UserError, exit_with
 from repro.runtime import determinism, seeding
 from repro.runtime.devices import select_device
 
-config.register()
+schema.register()
 
 
 def bench(cfg: DictConfig, run_dir: Path) -> dict:
     """Run the suite `cfg.suite.name` into `run_dir`; returns what bench.json holds."""
-    config.validate(cfg, schema=config.BenchConfig)
+    config.validate(cfg, schema=schema.BenchConfig)
     benchmarks.validate(cfg.suite)
     suite = benchmarks.load(cfg.suite.name)
     cfg.seed.value = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)

@@ -1,184 +1,20 @@
-"""Typed schemas for the config, registered with Hydra's ConfigStore, and range checks.
+"""Range and choice checks of a composed config, and config helpers.
 
-The schemas give types, not values: each value lives in one place, the YAML option of its
-group under conf/ (MISSING here). A default below is for a key that not every option sets.
-
-Hydra merges every YAML option onto these dataclasses, so a wrong type or an unknown key is
-reported at composition time with its full key. `validate` adds the checks a type cannot
-express (ranges and choices) and raises a ConfigError naming key, value and what is allowed.
+`validate` adds to the schemas' types (`schema.py`) the checks a type cannot express (ranges,
+choices, settings that must agree) and raises a ConfigError naming key, value and what is
+allowed.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from dataclasses import fields, is_dataclass
+from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 
 from repro.errors import ConfigError
-
-# OmegaConf reads these annotations at run time; it understands Optional[...] on every
-# supported Python, PEP 604 unions only on some.
-# ruff: noqa: UP045
-
-
-@dataclass
-class SeedConfig:
-    mode: str = MISSING  # fixed | random
-    value: Optional[int] = MISSING
-
-
-@dataclass
-class CudnnConfig:
-    benchmark: bool = MISSING
-    deterministic: bool = MISSING
-    deterministic_algorithms: bool = MISSING
-    warn_only: bool = MISSING
-    tf32_matmul: bool = MISSING
-    tf32_cudnn: bool = MISSING
-
-
-@dataclass
-class DataLoaderConfig:
-    num_workers: int = MISSING
-    pin_memory: bool = MISSING
-    prefetch_factor: int = MISSING
-    on_device: bool = False  # dataloader=device: in-memory data kept and augmented on the device
-
-
-@dataclass
-class MemoryFormatConfig:
-    name: str = MISSING
-
-
-@dataclass
-class AmpConfig:
-    mode: str = MISSING  # auto | off | bf16 | fp16
-
-
-@dataclass
-class DataConfig:
-    name: str = MISSING
-    num_classes: Optional[int] = MISSING  # None: infer (imagefolder)
-    image_size: int = MISSING
-    mean: list[float] = MISSING
-    std: list[float] = MISSING
-    augment: bool = MISSING
-    crop_padding: int = MISSING
-    resize: Optional[int] = MISSING
-    val_size: int = MISSING
-    root: Optional[str] = None
-    download: bool = False
-    fraction: float = 1.0  # keep this seeded fraction of every split (debug=limit)
-    cache: str = "none"  # imagefolder: none | memory (decoded once into one tensor)
-    cache_budget_gib: float = 8.0  # imagefolder: the most memory the decoded cache may take
-    # Synthetic only (set by data/synthetic.yaml): a fixed benchmark made from its own seed.
-    train_size: Optional[int] = None
-    test_size: Optional[int] = None
-    generator_seed: Optional[int] = None
-
-
-@dataclass
-class AugmentConfig:
-    crop_flip: bool = MISSING
-    cutout: int = MISSING  # > 0: a random square of this side set to zero (Cutout)
-    transforms: list[Any] = MISSING  # torchvision.transforms.v2 nodes with a _target_
-    mixup_alpha: float = MISSING
-    cutmix_alpha: float = MISSING
-
-
-@dataclass
-class TrainerConfig:
-    epochs: int = MISSING
-    max_steps: Optional[int] = MISSING
-    batch_size: int = MISSING
-    eval_batch_size: int = MISSING
-    eval_every_epochs: int = MISSING
-    eval_every_steps: Optional[int] = MISSING
-    grad_clip: Optional[float] = MISSING
-    label_smoothing: float = MISSING
-    checkpoint_every_steps: Optional[int] = MISSING
-    keep_checkpoints: int = MISSING
-    save_checkpoints: bool = MISSING  # false: write no checkpoint files at all (debug=fast)
-    device: str = MISSING
-    resume: str = MISSING
-    compile: bool = MISSING
-    halt_at_step: Optional[int] = MISSING
-    num_threads: Optional[int] = MISSING
-    global_batch: bool = MISSING  # torchrun: batch_size is the total over ranks, not per rank
-    sync_batchnorm: bool = MISSING
-    sync_debug: bool = MISSING  # CUDA: warn at every host sync after the first step
-    monitor: str = MISSING
-    monitor_mode: str = MISSING  # max | min
-    patience: Optional[int] = MISSING
-    ema_decay: Optional[float] = MISSING
-    accumulate_steps: int = MISSING
-    test_after_fit: bool = MISSING
-    test_weights: str = MISSING  # best | last | ema
-    tta: str = MISSING  # none | flip: test-time augmentation of every evaluation
-    world_invariant: bool = MISSING
-    micro_batch: Optional[int] = MISSING
-
-
-@dataclass
-class MlflowConfig:
-    tracking_uri: Optional[str] = MISSING
-    experiment: str = MISSING
-
-
-@dataclass
-class WandbConfig:
-    project: str = MISSING
-    mode: str = MISSING  # offline | online | disabled
-
-
-@dataclass
-class LoggerConfig:
-    tensorboard: bool = MISSING
-    fingerprint_every_steps: int = MISSING
-    progress: str = MISSING  # auto | on | off
-    plot: bool = MISSING
-    mlflow: Optional[MlflowConfig] = None  # logger=mlflow
-    wandb: Optional[WandbConfig] = None  # logger=wandb
-
-
-@dataclass
-class Config:
-    seed: SeedConfig = field(default_factory=SeedConfig)
-    cudnn: CudnnConfig = field(default_factory=CudnnConfig)
-    dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
-    memory_format: MemoryFormatConfig = field(default_factory=MemoryFormatConfig)
-    amp: AmpConfig = field(default_factory=AmpConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    augment: AugmentConfig = field(default_factory=AugmentConfig)
-    model: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    preset: Optional[str] = None  # set by conf/preset/*.yaml
-
-
-@dataclass
-class BenchConfig(Config):
-    """The training schema plus a benchmark suite's own settings (free-form, per suite)."""
-
-    suite: Any = None
-
-
-def register() -> None:
-    """What every entry point sets up before Hydra composes: the schemas, each under its own
-    name in the `schema` group (`train` for conf/config.yaml, `bench` for conf/bench.yaml),
-    and the resolvers the conf/ files name. Safe to call more than once."""
-    from repro import launch  # imports nothing heavy
-
-    store = ConfigStore.instance()
-    store.store(group="schema", name="train", node=Config, package="_global_")
-    store.store(group="schema", name="bench", node=BenchConfig, package="_global_")
-    launch.register_resolvers()
-
+from repro.schema import Config
 
 CHOICES = {
     "seed.mode": ("fixed", "random"),

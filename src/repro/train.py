@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from repro import config, launch
+from repro import config, launch, schema
 from repro.data import fingerprint
 from repro.engine import assembly, final_test, history, resume
 from repro.engine.checkpoint import Checkpointer
@@ -38,7 +38,7 @@ from repro.sweeps.callback import SweepReport
 
 log = logging.getLogger("repro.train")
 
-config.register()
+schema.register()
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from repro import build, config
+from repro import build, config, schema
 from repro.data import fingerprint
 from repro.engine.fingerprint_log import FingerprintLog, Row
 from repro.errors import ConfigError, DataError, UserError, exit_with
@@ -89,7 +89,7 @@ def data_changes(recorded: dict, current: dict) -> list[str]:
 
 
 def _recorded_config(resolved: Path, steps: int | None, threads: int | None, env: dict) -> Any:
-    cfg = OmegaConf.merge(OmegaConf.structured(config.Config), OmegaConf.load(resolved))
+    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), OmegaConf.load(resolved))
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"
     cfg.trainer.halt_at_step = steps

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
-from rich.progress import Progress
 from torch.utils.data import DataLoader, Dataset
 
 from repro.data.sources import ImageFiles, TensorImages
 from repro.data.transforms import CenterCrop, ResizeShorter
 from repro.data.workers import start_worker
 from repro.errors import ConfigError
+from repro.progress import progress_bar
 
 if TYPE_CHECKING:
     from repro.data.datasets import Splits
@@ -57,7 +56,7 @@ def decode(files: ImageFiles, data_cfg: Any, name: str = "split") -> TensorImage
     if estimate > budget:
         _refuse_budget(data_cfg, len(files), estimate, name)
     images: list[torch.Tensor] = []
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task(f"decoding {name}", total=len(files))
         for chunk in _decoder(resized):
             images.extend(chunk)
@@ -116,8 +115,3 @@ def _refuse_budget(data_cfg: Any, count: int, size: float, name: str) -> None:
         "(or data.cache=none)"
     )
     raise ConfigError("data.cache_budget_gib", data_cfg.cache_budget_gib, allowed)
-
-
-def _progress() -> Progress:
-    """A bar on a terminal; nothing in a log file."""
-    return Progress(transient=True, disable=not sys.stdout.isatty())

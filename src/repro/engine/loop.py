@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -30,6 +28,7 @@ from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
 from repro.engine.step import OptimizerStep
 from repro.errors import CheckpointError, UserError
+from repro.progress import progress_bar
 from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -171,7 +170,7 @@ class Trainer:
         watch_syncs = self.settings.sync_debug and self.device.type == "cuda"
         self.model.train()
         self._training_since = time.perf_counter()
-        with StopRequest() as stop, self._progress() as progress:
+        with StopRequest() as stop, progress_bar(self.settings.progress) as progress:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
             losses: list[torch.Tensor] = []
@@ -361,14 +360,3 @@ class Trainer:
             state = self.state_dict()  # a collective: every rank takes part
             if self.dist.is_main:
                 self.checkpointer.save_best(state, self.position.step)
-
-    def _progress(self) -> Progress:
-        enabled = {"on": True, "off": False}.get(self.settings.progress, sys.stdout.isatty())
-        return Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            disable=not enabled,
-            transient=True,
-        )
