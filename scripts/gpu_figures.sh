@@ -4,9 +4,11 @@
 #   bash scripts/gpu_figures.sh IMAGES OUT [speedrun|throughput|overhead|data|all]
 #
 # IMAGES: CIFAR-10 as an image folder (IMAGES/train/<class>/*, IMAGES/test/<class>/*), decoded
-# once into memory by each run (data.cache=memory). OUT: where the runs and the tables go.
-# Each part prints its table (markdown) and writes it to OUT/<part>.md; every ratio in a table
-# comes from runs of the same call. PYTHON names the interpreter (default: python).
+# into memory by each speedrun and throughput run (data.cache=memory); the overhead and data
+# parts use the built-in synthetic data. OUT: where the runs and the tables go; each part
+# writes its table (markdown) to OUT/<part>.md, and every ratio in a table comes from runs of
+# the same call. Use a new OUT each time: a run folder that holds a finished run is not run
+# again. PYTHON names the interpreter (default: python).
 set -euo pipefail
 images=${1:?usage: gpu_figures.sh IMAGES OUT [part]}
 out=${2:?usage: gpu_figures.sh IMAGES OUT [part]}

@@ -10,13 +10,14 @@ import threading
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from repro import evaluate
-from repro.engine import checkpoint
+from repro.engine import checkpoint, resume
 from repro.engine.checkpoint import Checkpointer, TruncatedCheckpointError
 from repro.errors import CheckpointError
 
-from conftest import read_summary, run_cli, tiny, train_in_process
+from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
 
 KEEP = tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=2", "trainer.keep_checkpoints=3")
 
@@ -206,6 +207,8 @@ def test_best_pt_changes_only_once_a_checkpoint_records_the_new_best(tmp_path):
     assert best_weights(tmp_path) == 1  # last.pt records step 1's best
     assert (tmp_path / "best-00000003.pt").exists()
     keeper.save_best(marked(4), 4)
+    keeper.wait()  # step 3's can never be promoted now: one pending best at a time
+    assert [path.name for path in tmp_path.glob("best-*.pt")] == ["best-00000004.pt"]
     keeper.save(marked(5), 5)
     keeper.wait()
     assert best_weights(tmp_path) == 4 and not list(tmp_path.glob("best-*.pt"))
@@ -220,10 +223,13 @@ def test_a_resume_keeps_the_best_its_checkpoint_records_and_drops_later_ones(tmp
     Checkpointer(tmp_path, keep=2).settle_best(best_step=1)
     assert best_weights(tmp_path) == 1 and not list(tmp_path.glob("best-*.pt"))
     # Killed after last.pt named the checkpoint of step 5 but before its best was renamed:
-    (tmp_path / "best-00000005.pt").write_bytes((tmp_path / "last.pt").read_bytes())
+    keeper.save_best(marked(5), 5)
+    keeper.wait()
     Checkpointer(tmp_path, keep=2).settle_best(best_step=5)
-    assert checkpoint.load(tmp_path / "best.pt")["position"]["step"] == 2
-    assert not list(tmp_path.glob("best-*.pt"))
+    assert best_weights(tmp_path) == 5 and not list(tmp_path.glob("best-*.pt"))
+    # Resumed from an older checkpoint, whose best was step 1: best.pt (step 5) is not its own.
+    Checkpointer(tmp_path, keep=2).settle_best(best_step=1)
+    assert not (tmp_path / "best.pt").exists()
 
 
 @pytest.mark.e2e
@@ -247,6 +253,38 @@ def test_best_pt_agrees_with_the_summary_when_a_resume_never_repeats_a_lost_eval
     best = evaluate.evaluate_checkpoint(run_dir / "checkpoints" / "best.pt", split="val")
     assert best["step"] == 1 and best["loss"] == summary["best_val_loss"]
     assert not list((run_dir / "checkpoints").glob("best-*.pt"))
+
+
+def test_a_new_run_in_an_old_folder_drops_the_old_best(tmp_path):
+    train_in_process(tmp_path, *tiny())
+    assert (tmp_path / "checkpoints" / "best.pt").exists()
+    again = train_in_process(tmp_path, *tiny("trainer.resume=never",
+                                             "trainer.save_checkpoints=false"))  # fmt: skip
+    assert again["test_weights"] == "last", "the old run's best.pt is not this run's best"
+    assert not (tmp_path / "checkpoints" / "best.pt").exists()
+
+
+def test_a_checkpoint_from_before_a_key_existed_resumes_under_its_old_behaviour():
+    cfg = compose_config(*KEEP)
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    del saved["augment"]["cutout"], saved["trainer"]["tta"]
+    resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
+    cfg.augment.cutout = 8
+    with pytest.raises(CheckpointError, match=r"augment\.cutout: 0 -> 8"):
+        resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
+
+
+def test_a_halt_at_an_epoch_end_writes_that_step_once(tmp_path, monkeypatch):
+    saved = []
+    save = Checkpointer.save
+
+    def counting(self, state, step):
+        saved.append(step)
+        return save(self, state, step)
+
+    monkeypatch.setattr(Checkpointer, "save", counting)
+    train_in_process(tmp_path, *tiny("trainer.epochs=2", "trainer.halt_at_step=6"))
+    assert saved == [6]
 
 
 def test_a_run_that_ends_inside_an_epoch_ends_with_its_checkpoint(tmp_path):

@@ -107,3 +107,14 @@ def test_the_same_draws_on_a_gpu():
     on_gpu = SampleKeys(STREAM, 3, indices.cuda())
     for draw in range(transforms.CUTOUT_LEFT + 1):
         assert torch.equal(on_cpu.bits(draw), on_gpu.bits(draw).cpu())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_crop_flip_and_cutout_give_the_same_bytes_on_a_gpu():
+    images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
+    pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=2, cutout=3)
+    indices = torch.arange(50)
+    on_cpu = pipeline.over(images)(indices, SampleKeys(STREAM, 5, indices))
+    gpu_indices = indices.cuda()
+    on_gpu = pipeline.over(images.cuda())(gpu_indices, SampleKeys(STREAM, 5, gpu_indices))
+    assert torch.equal(on_cpu, on_gpu.cpu())

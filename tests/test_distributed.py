@@ -129,3 +129,20 @@ def test_ranks_agree_on_a_stop_signal_every_ten_steps_only(monkeypatch):
         agreed.append(loop.Trainer.agreed_signal(trainer, no_signal_here))
     assert [s for s, a in enumerate(agreed, 1) if a is not None] == [10, 20, 30]
     assert set(agreed) == {None, signal.SIGTERM} and reduced == [0, 0, 0]
+
+
+@pytest.mark.e2e
+def test_the_ranks_test_the_best_pt_its_last_checkpoint_wrote(tmp_path):
+    # One epoch, one evaluation: best.pt appears only with the run's last checkpoint, which
+    # rank 0 writes in the background; every rank must test those same weights.
+    run_dir = tmp_path / "run"
+    done = torchrun(*tiny("trainer.batch_size=32", "dataloader.num_workers=0"),
+                    f"hydra.run.dir={run_dir}", timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["test_weights"] == "best" and summary["best_step"] == 6
+    out = run_dir / "tested.json"
+    best = run_dir / "checkpoints" / "best.pt"
+    tested = run_cli("repro.evaluate", f"ckpt={best}", "split=test", f"out={out}")
+    assert tested.returncode == 0, tested.stderr
+    assert json.loads(out.read_text())["acc"] == summary["test_acc"]

@@ -185,8 +185,9 @@ def test_flip_averaging_evaluates_each_image_and_its_mirror_image():
 
 
 def test_tta_changes_every_evaluation_and_never_the_weights(tmp_path):
-    plain = train_in_process(tmp_path / "plain", *TWO_EPOCHS)
-    flipped = train_in_process(tmp_path / "flip", *TWO_EPOCHS, "trainer.tta=flip")
+    last = "trainer.test_weights=last"  # both test the same weights
+    plain = train_in_process(tmp_path / "plain", *TWO_EPOCHS, last)
+    flipped = train_in_process(tmp_path / "flip", *TWO_EPOCHS, last, "trainer.tta=flip")
     assert flipped["weights_sha256"] == plain["weights_sha256"]
     assert flipped["val_loss"] != plain["val_loss"] and flipped["test_loss"] != plain["test_loss"]
     last = tmp_path / "flip" / "checkpoints" / "last.pt"

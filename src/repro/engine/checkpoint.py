@@ -158,6 +158,27 @@ def load(path: Path) -> dict[str, Any]:
     return state
 
 
+UNREADABLE = (
+    pickle.UnpicklingError,
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+    KeyError,
+    TypeError,
+)
+
+
+def best_step_of(path: Path) -> int | None:
+    """The step of the best weights in `path` (None if unreadable), read without loading
+    the tensors (memory-mapped)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(state["position"]["step"])
+    except UNREADABLE:
+        return None  # unreadable, or not ours: not the recorded best
+
+
 class Checkpointer:
     """Writes step-NNNNNNNN.pt files, keeps the newest `keep`, points last.pt at the newest.
 
@@ -196,14 +217,20 @@ class Checkpointer:
         return self._start(state, self.folder / f"best-{step:08d}.pt", step, latest=False)
 
     def settle_best(self, best_step: int | None) -> None:
-        """On starting a run: make best.pt the best that the checkpoint resumed from records
-        (at `best_step`; None: no evaluation yet) and drop the killed attempt's later ones."""
+        """On starting a run: make best.pt the best that the checkpoint it starts from
+        records (at `best_step`; None: a fresh run, or no evaluation yet). A pending best of
+        that step is promoted (killed between the two renames); later ones, and a best.pt of
+        another step (a resume from an older checkpoint, or a fresh run in an old folder),
+        are dropped: the run decides again, as its logs are cut back to its checkpoint."""
         self.wait()
         for step, path in self._pending_best():
             if step == best_step:
                 self._promote(path)
-            else:  # written after the checkpoint: the resumed run decides again
+            else:
                 path.unlink()
+        best = self.folder / BEST_FILE
+        if best.exists() and best_step_of(best) != best_step:
+            best.unlink()
 
     def _start(self, state: dict[str, Any], path: Path, step: int, latest: bool) -> Path:
         self.wait()
@@ -242,6 +269,10 @@ class Checkpointer:
                 self._promote_best_up_to(step)
                 for old in self.step_files()[self.keep :]:
                     old.unlink(missing_ok=True)
+            else:  # a newer best: the pending ones before it can never be promoted
+                for pending_step, pending in self._pending_best():
+                    if pending_step < step:
+                        pending.unlink()
         except BaseException as error:  # handed to the training thread by `wait`
             self._failure = error
 

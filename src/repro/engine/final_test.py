@@ -11,7 +11,7 @@ from torch import nn
 
 from repro import build
 from repro.data.loader import Batches
-from repro.engine.checkpoint import BEST_FILE, load
+from repro.engine.checkpoint import BEST_FILE, best_step_of, load
 from repro.engine.evaluation import evaluate
 from repro.engine.loop import Trainer
 from repro.runtime import distributed
@@ -41,13 +41,19 @@ def _weights(which: str, trainer: Trainer) -> tuple[str, nn.Module]:
     if which == "ema":
         assert trainer.ema is not None  # config.validate requires trainer.ema_decay
         return which, trainer.ema.model
+    if which == "last":
+        return which, trainer.model
     best = trainer.checkpointer.folder / BEST_FILE
-    if which == "last" or trainer.best.step is None or not best.exists():
-        if which == "best":
-            log.warning("no %s (checkpoints off?): testing the last weights", best)
+    # Rank 0 wrote best.pt (its last write is on disk: Trainer.close waited) and decides for
+    # every rank, so that all of them test the same weights.
+    found = trainer.dist.is_main and trainer.best.step is not None
+    found = distributed.broadcast(found and best_step_of(best) == trainer.best.step, trainer.dist)
+    if not found:
+        log.warning(
+            "no %s of the best step (%s) in this run folder (checkpoints off, or resumed from "
+            "another folder's checkpoint): testing the last weights", best, trainer.best.step,
+        )  # fmt: skip
         return "last", trainer.model
-    trainer.checkpointer.wait()
-    distributed.barrier(trainer.dist)  # rank 0 wrote it; every rank reads it
     model = copy.deepcopy(trainer.model)
     model.load_state_dict(load(best)["model"])
     return which, model

@@ -80,6 +80,8 @@ class Trainer:
                 self.memory_format, self.settings, self.mixer, self.ema,
             )  # fmt: skip
         self.val_batches = Batches(self.val_loader)  # one iterator: its workers start once
+        self._training_since = time.perf_counter()  # train_seconds counts from here
+        self._saved_at: int | None = None  # the step of this attempt's last checkpoint
 
     # ---- state -------------------------------------------------------------------------
 
@@ -206,7 +208,9 @@ class Trainer:
                     self.checkpoint(losses)
                     self.stopped_by = signum
                     return
-            if not self.last_eval or self.last_eval["step"] != pos.step:  # nothing left to run
+            # Only when the loop never ran: a resume onto a checkpoint that was not evaluated
+            # (trainer.max_steps lowered to it).
+            if not self.last_eval or self.last_eval["step"] != pos.step:
                 self.evaluate_and_log(losses, throughput)
                 self.checkpoint(losses)
 
@@ -282,11 +286,13 @@ class Trainer:
         losses.clear()
 
     def checkpoint(self, losses: list[torch.Tensor]) -> None:
-        """Flush the pending losses, then save (unless `save_checkpoints` is off)."""
+        """Flush the pending losses, then save (unless `save_checkpoints` is off, or this
+        state is on disk already: an epoch's or the run's end that is also a halt)."""
         self.flush_losses(losses)
         self._count_training_time()
-        if self.settings.save_checkpoints:
+        if self.settings.save_checkpoints and self._saved_at != self.position.step:
             self.save()
+            self._saved_at = self.position.step
         self._training_since = time.perf_counter()
 
     def _count_training_time(self) -> None:
@@ -300,6 +306,7 @@ class Trainer:
         """Flush the pending losses, evaluate, and write the metrics row and the log line."""
         self.flush_losses(losses)
         self._count_training_time()
+        self._saved_at = None  # the evaluation changes the state a checkpoint holds
         images_per_s, wait_fraction = throughput.read()
         images_per_s *= self.dist.world  # every rank trains as many images
         # The metric is the checkpointed model's: rank 0's, buffers included.

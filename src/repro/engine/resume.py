@@ -36,6 +36,10 @@ MAY_CHANGE = (
     "data.download",
 )
 
+# Keys added since checkpoint format 3 came out, with the value that does what runs did
+# before the key existed: a checkpoint whose config lacks one resumes under that value.
+ADDED = {"augment.cutout": 0, "trainer.tta": "none"}
+
 
 def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:
     """The state to continue from: `auto` (this run folder's newest good one), `never`, a path."""
@@ -93,7 +97,7 @@ def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str,
 
 def _check_config(saved: dict[str, Any], cfg: DictConfig) -> None:
     now = config.flatten(OmegaConf.to_container(cfg, resolve=True))
-    before = config.flatten(saved)
+    before = ADDED | config.flatten(saved)
     differing = sorted(
         key
         for key in now.keys() | before.keys()
