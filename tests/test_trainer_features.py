@@ -112,6 +112,7 @@ def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
         (["trainer.tta=mirror"], "trainer.tta"),
         (["augment.cutout=33"], "augment.cutout"),
         (["augment.cutout=-1"], "augment.cutout"),
+        (["optimizer.decay_biases_and_norms=maybe"], "optimizer.decay_biases_and_norms"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(overrides, key, tmp_path):

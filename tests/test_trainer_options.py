@@ -1,10 +1,12 @@
-"""trainer.grad_clip and trainer.label_smoothing reach the training step."""
+"""trainer.grad_clip, trainer.label_smoothing and optimizer.decay_biases_and_norms reach the
+training step."""
 
 from __future__ import annotations
 
 import torch
 
 from repro import build
+from repro.runtime.precision import Precision
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -32,3 +34,32 @@ def test_label_smoothing_changes_the_loss_and_the_weights(tmp_path):
     smooth = train_in_process(tmp_path / "smooth", *RUN, "trainer.label_smoothing=0.5")
     assert smooth["weights_sha256"] != plain["weights_sha256"]
     assert smooth["train_loss"] != plain["train_loss"]
+
+
+def test_biases_and_norm_weights_can_be_left_out_of_weight_decay():
+    lr, decay = 0.5, 0.1
+    for decay_all in (True, False):
+        cfg = compose_config(f"optimizer.decay_biases_and_norms={decay_all}", f"optimizer.lr={lr}",
+                             f"optimizer.weight_decay={decay}", "optimizer.momentum=0",
+                             "optimizer.nesterov=false")  # fmt: skip
+        model = build.model(cfg, 0)
+        optimizer = build.optimizer(cfg, model, Precision("off", torch.device("cpu")))
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        for parameter in model.parameters():
+            parameter.grad = torch.zeros_like(parameter)  # what moves them is the decay alone
+        optimizer.step()
+        for name, parameter in model.named_parameters():
+            decayed = decay_all or parameter.ndim > 1
+            expected = before[name] * (1 - lr * decay) if decayed else before[name]
+            assert torch.allclose(parameter, expected, rtol=0, atol=1e-7), (decay_all, name)
+
+
+def test_leaving_norms_out_of_decay_trains_otherwise_and_resumes_exactly(tmp_path):
+    run = tiny("trainer.epochs=2", "optimizer.decay_biases_and_norms=false")
+    straight = train_in_process(tmp_path / "straight", *run)
+    assert straight["weights_sha256"] != train_in_process(tmp_path / "all", *tiny(
+        "trainer.epochs=2"))["weights_sha256"]  # fmt: skip
+    train_in_process(tmp_path / "resumed", *run, "trainer.halt_at_step=7")
+    resumed = train_in_process(tmp_path / "resumed", *run)
+    assert resumed["resumed_from_step"] == 7
+    assert resumed["weights_sha256"] == straight["weights_sha256"]

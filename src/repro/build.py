@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -42,10 +42,20 @@ def model(cfg: Any, root_seed: int) -> nn.Module:
     return built
 
 
-def optimizer(cfg: Any, params: Any, precision: Precision) -> torch.optim.Optimizer:
-    """Instantiate `cfg.optimizer`. With amp=fp16 on a GPU and `optimizer.fused` unset, the
-    fused implementation where torch has one: GradScaler then finds infs inside the step,
-    instead of reading a flag on the host (a wait for the GPU) every step."""
+def optimizer(cfg: Any, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
+    """Instantiate `cfg.optimizer` over the model's parameters. With amp=fp16 on a GPU and
+    `optimizer.fused` unset, the fused implementation where torch has one: GradScaler then
+    finds infs inside the step, instead of reading a flag on the host (a wait for the GPU)
+    every step."""
+    settings = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    decay_all = settings.pop("decay_biases_and_norms", True)
+    if not isinstance(decay_all, bool):
+        raise ConfigError("optimizer.decay_biases_and_norms", decay_all, "true or false")
+    params: Any = model.parameters()
+    if not decay_all:  # biases and normalisation weights: the parameters of one dimension
+        decayed = [p for p in model.parameters() if p.ndim > 1]
+        undecayed = [p for p in model.parameters() if p.ndim <= 1]
+        params = [{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}]
     options: dict[str, Any] = {}
     wants_fused = precision.mode == "fp16" and precision.device.type == "cuda"
     if wants_fused and cfg.optimizer.get("fused") is None:
@@ -59,7 +69,8 @@ def optimizer(cfg: Any, params: Any, precision: Precision) -> torch.optim.Optimi
                 "every step, a wait for the GPU",
                 target.__name__,
             )
-    return instantiate(cfg.optimizer, params=params, **options)
+    # A partial, called here: Hydra would turn the groups' dicts of tensors into configs.
+    return instantiate(settings, _partial_=True)(params, **options)
 
 
 def splits(cfg: Any, root_seed: int) -> Splits:

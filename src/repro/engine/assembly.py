@@ -100,7 +100,7 @@ def build_parts(cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = No
     if cfg.trainer.compile:
         # The DDP wrapper, not the model inside: gradient all-reduces overlap the backward pass.
         compilation.compile_in_place(forward_model)
-    optimizer = build.optimizer(cfg, model.parameters(), knobs.precision)
+    optimizer = build.optimizer(cfg, model, knobs.precision)
     total_steps = sampler.batches_per_epoch() * cfg.trainer.epochs
     if cfg.trainer.max_steps is not None:
         total_steps = min(total_steps, cfg.trainer.max_steps)
