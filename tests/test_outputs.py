@@ -7,11 +7,12 @@ import json
 
 import pytest
 
+from repro import build
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import COLUMNS
 from repro.files import atomic_path, write_text_atomic
 
-from conftest import read_summary, run_cli, tiny
+from conftest import compose_config, read_summary, run_cli, tiny
 
 
 @pytest.mark.e2e
@@ -36,8 +37,11 @@ def test_run_folder_holds_every_output(tmp_path):
     assert all(0 <= float(r["data_wait_frac"]) <= 1 and float(r["images_per_s"]) > 0 for r in rows)
 
     summary = read_summary(run_dir)
-    for key in ("val_acc", "val_loss", "seed", "weights_sha256", "wall_s", "env"):
+    for key in ("val_acc", "val_loss", "seed", "weights_sha256", "wall_s", "train_s", "env"):
         assert key in summary
+    model = build.model(compose_config(*tiny()), 0)
+    assert summary["parameters"] == sum(p.numel() for p in model.parameters())
+    assert f"({summary['parameters'] / 1e6:.2f}M parameters)" in log
     assert len(summary["weights_sha256"]) == 64
     assert summary["val_acc"] == float(rows[-1]["val_acc"])
     for key in ("python", "torch", "torchvision", "cuda", "cudnn", "device_name", "git_commit"):

@@ -22,6 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from repro import config, launch, schema
 from repro.data import fingerprint
@@ -122,10 +123,15 @@ def _start(trainer: Trainer, state: dict | None, run_dir: Path) -> None:
 
 
 def _describe(cfg: DictConfig, parts: assembly.Parts, knobs: assembly.Knobs) -> str:
-    model = cfg.model._target_.rsplit(".", 1)[-1]
+    name = cfg.model._target_.rsplit(".", 1)[-1]
+    model = f"{name} ({_parameters(parts.model) / 1e6:.2f}M parameters)"
     images = f"{len(parts.data.train)} train / {len(parts.data.val)} val images"
     settings = f"seed {cfg.seed.value} | amp {knobs.precision.mode} | {knobs.memory_format.name}"
     return f"{model} on {knobs.device} | {images} | {parts.total_steps} steps | {settings}"
+
+
+def _parameters(model: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
 
 
 def _summary(
@@ -145,6 +151,7 @@ def _summary(
         "wall_s": time.perf_counter() - started,
         "train_s": position.train_seconds,
         "total_steps": trainer.total_steps,
+        "parameters": _parameters(trainer.model),
         "step": position.step,
         "completed": position.step >= trainer.total_steps or trainer.stopped_early,
         "stopped_early": trainer.stopped_early,
