@@ -22,6 +22,10 @@ REFUSED = {
     "fp16 on cpu": (["amp=fp16", "trainer.device=cpu"], ["amp='fp16'", "allowed here: off"]),
     "misspelt added key": (["+trainer.epocs=3"], ["trainer.epocs=3", "closest is trainer.epochs"]),
     "misspelt added section": (["+trainr.epochs=3"], ["trainr=", "closest is trainer"]),
+    "missing init weights": (
+        ["trainer.init_weights=/no/such/weights.pt"],
+        ["trainer.init_weights=/no/such/weights.pt: no such file"],
+    ),
     "model outputs other than the classes": (
         ["model.num_classes=5"],
         ["gives 5 outputs per image but the data has 10 classes"],

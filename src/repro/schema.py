@@ -114,6 +114,7 @@ class TrainerConfig:
     test_after_fit: bool = MISSING
     test_weights: str = MISSING  # best | last | ema
     tta: str = MISSING  # none | flip: test-time augmentation of every evaluation
+    init_weights: Optional[str] = MISSING  # a file whose matching weights start the model
     world_invariant: bool = MISSING
     micro_batch: Optional[int] = MISSING
 

@@ -58,7 +58,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         resume.check_compatible(state, cfg, knobs.resolved())
     seeding.seed_globals(root_seed, rank=dist.rank)
 
-    parts = assembly.build_parts(cfg, knobs, root_seed)
+    parts = assembly.build_parts(cfg, knobs, root_seed, initialise=state is None)
     data_fingerprint = fingerprint.fingerprint(parts.data, cfg.data.root) if dist.is_main else None
     if state and _already_complete(run_dir, state, parts.total_steps):
         return {**read_summary(run_dir), "already_complete": True}
@@ -69,7 +69,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         run_history.begin(cfg, start_step=state["position"]["step"] if state else 0)
         write_text_atomic(run_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     outputs = assembly.outputs(cfg, run_dir, checkpointer, dist)
-    saved = {"config": OmegaConf.to_container(cfg, resolve=True), "root_seed": root_seed}
+    # What the weights started from stays the first attempt's record (a resume loads none).
+    started_from = state.get("init_weights") if state else parts.initialised
+    saved = {
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "root_seed": root_seed,
+        "init_weights": started_from,
+    }
     trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
     _start(trainer, state, run_dir)
     log.info("training %s", _describe(cfg, parts, knobs))
@@ -152,6 +158,7 @@ def _summary(
         "train_s": position.train_seconds,
         "total_steps": trainer.total_steps,
         "parameters": _parameters(trainer.model),
+        "init_weights": trainer.extra_state["init_weights"],
         "step": position.step,
         "completed": position.step >= trainer.total_steps or trainer.stopped_early,
         "stopped_early": trainer.stopped_early,

@@ -20,7 +20,7 @@ from repro import build
 from repro.data.datasets import Splits
 from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
-from repro.engine import preflight, trackers
+from repro.engine import init_weights, preflight, trackers
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.ema import WeightAverage
 from repro.engine.fingerprint_log import FingerprintLog
@@ -68,6 +68,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     total_steps: int
+    initialised: dict[str, Any] | None = None  # trainer.init_weights: what was loaded
 
 
 def apply_knobs(cfg: Any, dist: distributed.Context) -> Knobs:
@@ -81,15 +82,22 @@ def apply_knobs(cfg: Any, dist: distributed.Context) -> Knobs:
     return Knobs(dist, device, precision, MemoryFormat(cfg.memory_format.name))
 
 
-def build_parts(cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = None) -> Parts:
+def build_parts(
+    cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = None, initialise: bool = True
+) -> Parts:
     """Data (unless a caller that reuses it passes it in), loaders, model (checked against
-    the data), optimizer and schedule."""
+    the data; started from `trainer.init_weights` unless `initialise` is off, as for a
+    resume, whose checkpoint holds the weights), optimizer and schedule."""
     data = data or build.splits(cfg, root_seed)
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, knobs.device)
     rank, world = knobs.dist.rank, knobs.dist.world
     context = LoaderContext(root_seed, rank, world, knobs.device, pin_memory)
     train_loader, sampler, val_loader = build.loaders(cfg, data, context)
     model = build.model(cfg, root_seed)
+    initialised = None
+    if cfg.trainer.init_weights is not None and initialise:
+        path = Path(cfg.trainer.init_weights).expanduser()
+        initialised = init_weights.load_matching(model, path)
     preflight.check_classes(model, data, cfg.data.image_size)
     model = knobs.memory_format.model(model.to(knobs.device))
     forward_model = (
@@ -115,6 +123,7 @@ def build_parts(cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = No
         optimizer=optimizer,
         scheduler=scheduler,
         total_steps=total_steps,
+        initialised=initialised,
     )
 
 

@@ -38,7 +38,12 @@ MAY_CHANGE = (
 
 # Keys added since checkpoint format 3 came out, with the value that does what runs did
 # before the key existed: a checkpoint whose config lacks one resumes under that value.
-ADDED = {"augment.cutout": 0, "trainer.tta": "none", "optimizer.decay_biases_and_norms": True}
+ADDED = {
+    "augment.cutout": 0,
+    "trainer.tta": "none",
+    "optimizer.decay_biases_and_norms": True,
+    "trainer.init_weights": None,
+}
 
 
 def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:

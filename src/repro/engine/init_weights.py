@@ -1,0 +1,76 @@
+"""`trainer.init_weights`: start the model from another run's weights (fine-tuning).
+
+Every tensor of the file whose name and shape match the model's is copied in; the others
+(a classifier for another number of classes) keep their seeded initial values and are
+named in the run's summary, with the file's SHA-256, so the record says what the run
+started from. Files are read with `weights_only=True`: a file holding code is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from repro.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+DDP_PREFIX = "module."  # what a state_dict saved from a DistributedDataParallel wrapper has
+
+
+def load_matching(model: nn.Module, path: Path) -> dict[str, Any]:
+    """Copy the matching tensors of `path` (a repro checkpoint, or a file holding a
+    state_dict) into `model`; what was loaded, for the summary."""
+    weights = _weights_in(path)
+    own = model.state_dict()
+    matched = {
+        name: tensor
+        for name, tensor in weights.items()
+        if name in own and own[name].shape == tensor.shape
+    }
+    if not matched:
+        raise CheckpointError(
+            f"trainer.init_weights={path}: none of its {len(weights)} tensors matches a name "
+            "and shape of this model; point it at weights of the same architecture"
+        )
+    model.load_state_dict(matched, strict=False)
+    kept = sorted(set(own) - set(matched))
+    if kept:
+        log.info("init_weights: %d tensors loaded; kept initial: %s", len(matched), ", ".join(kept))
+    return {
+        "path": str(path),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "loaded": len(matched),
+        "kept_initial": kept,
+    }
+
+
+def _weights_in(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"trainer.init_weights={path}: no such file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"trainer.init_weights={path}: refused, it holds pickled objects other than "
+            "tensors (loading them could run code)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        raise CheckpointError(
+            f"trainer.init_weights={path}: unreadable ({error.__class__.__name__})"
+        ) from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a whole training checkpoint: ours, or another project's
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(
+            f"trainer.init_weights={path}: not a state_dict (a dict of tensors by name)"
+        )
+    if state and all(name.startswith(DDP_PREFIX) for name in state):
+        state = {name.removeprefix(DDP_PREFIX): tensor for name, tensor in state.items()}
+    return state

@@ -1,0 +1,81 @@
+"""trainer.init_weights: a run started from another run's weights (fine-tuning)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+from repro import build
+from repro.engine.init_weights import load_matching
+from repro.errors import CheckpointError
+from repro.models.small_cnn import SmallCNN
+
+from conftest import compose_config, tiny, train_in_process
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("source")
+    train_in_process(run_dir, *tiny())
+    return run_dir / "checkpoints" / "last.pt"
+
+
+def test_every_matching_tensor_is_copied_and_a_new_head_keeps_its_initial_values(trained):
+    source = torch.load(trained, weights_only=True)["model"]
+    same = build.model(compose_config(*tiny()), 5)  # another seed: other initial values
+    loaded = load_matching(same, trained)
+    assert loaded["kept_initial"] == [] and loaded["loaded"] == len(source)
+    assert all(torch.equal(same.state_dict()[name], source[name]) for name in source)
+    assert loaded["sha256"] == hashlib.sha256(trained.read_bytes()).hexdigest()
+
+    three_classes = SmallCNN(num_classes=3, widths=(8, 16))
+    own = three_classes.state_dict()
+    head = {name: t.clone() for name, t in own.items() if t.shape != source[name].shape}
+    loaded = load_matching(three_classes, trained)
+    assert len(head) == 2 and loaded["kept_initial"] == sorted(head)  # the linear layer's
+    for name, tensor in three_classes.state_dict().items():
+        expected = head[name] if name in head else source[name]
+        assert torch.equal(tensor, expected), name
+
+
+def test_a_plain_state_dict_saved_from_ddp_loads_too(trained, tmp_path):
+    source = torch.load(trained, weights_only=True)["model"]
+    plain = tmp_path / "weights.pt"
+    torch.save({f"module.{name}": tensor for name, tensor in source.items()}, plain)
+    model = build.model(compose_config(*tiny()), 5)
+    assert load_matching(model, plain)["loaded"] == len(source)
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/repro-pwned-init",))
+
+
+def test_files_that_cannot_start_a_model_are_refused_in_one_line(tmp_path):
+    model = build.model(compose_config(*tiny()), 0)
+    unsafe = tmp_path / "unsafe.pt"
+    torch.save({"w": Exploit()}, unsafe)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"encoder.weight": torch.zeros(3, 3)}, foreign)
+    for path, message in ((tmp_path / "missing.pt", "no such file"),
+                          (unsafe, "refused"), (foreign, "none of its 1 tensors")):  # fmt: skip
+        with pytest.raises(CheckpointError, match=message):
+            load_matching(model, path)
+    assert not os.path.exists("/tmp/repro-pwned-init")
+
+
+def test_a_fine_tuned_run_records_its_start_and_resumes_exactly(trained, tmp_path):
+    run = tiny("trainer.epochs=2", f"trainer.init_weights={trained}")
+    straight = train_in_process(tmp_path / "straight", *run)
+    assert straight["init_weights"]["sha256"] == hashlib.sha256(trained.read_bytes()).hexdigest()
+    scratch = train_in_process(tmp_path / "scratch", *tiny("trainer.epochs=2"))
+    assert straight["weights_sha256"] != scratch["weights_sha256"]
+    assert straight["val_acc"] >= scratch["val_acc"]  # it starts where a trained run ended
+    train_in_process(tmp_path / "resumed", *run, "trainer.halt_at_step=7")
+    resumed = train_in_process(tmp_path / "resumed", *run)
+    assert resumed["resumed_from_step"] == 7
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    assert resumed["init_weights"] == straight["init_weights"]
