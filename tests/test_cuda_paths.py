@@ -235,13 +235,13 @@ def test_only_fp16_gets_a_grad_scaler_on_a_gpu(fake_cuda, monkeypatch):
 
 def test_fp16_on_a_gpu_picks_the_fused_optimizer_unless_told_otherwise(fake_cuda):
     fp16 = Precision("fp16", torch.device("cuda", 0))
-    params = [torch.nn.Parameter(torch.zeros(2))]
+    model = torch.nn.Linear(2, 1, bias=False)
     for option in ("sgd", "adamw"):
-        chosen = build.optimizer(compose_config(f"optimizer={option}"), params, fp16)
+        chosen = build.optimizer(compose_config(f"optimizer={option}"), model, fp16)
         assert chosen.defaults["fused"] is True and not chosen.defaults["foreach"]
-    kept = build.optimizer(compose_config("+optimizer.fused=false"), params, fp16)
+    kept = build.optimizer(compose_config("+optimizer.fused=false"), model, fp16)
     assert not kept.defaults["fused"] and kept.defaults["foreach"]
-    on_cpu = build.optimizer(compose_config(), params, Precision("off", torch.device("cpu")))
+    on_cpu = build.optimizer(compose_config(), model, Precision("off", torch.device("cpu")))
     assert not on_cpu.defaults.get("fused"), "nothing changes without fp16 on a GPU"
 
 

@@ -6,10 +6,10 @@ import csv
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from repro import build, config
 from repro.errors import ConfigError
+from repro.runtime.precision import Precision
 
 from conftest import compose_config, make_image_tree, tiny, train_in_process
 
@@ -98,7 +98,7 @@ def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer():
     assert (cfg.dataloader.on_device, cfg.amp.mode, cfg.trainer.compile) == (True, "bf16", False)
     model = build.model(cfg, 0)
     assert type(model).__name__ == "ResNet9"
-    optimizer = instantiate(cfg.optimizer, params=model.parameters())
+    optimizer = build.optimizer(cfg, model, Precision("bf16", torch.device("cpu")))
     assert optimizer.defaults["fused"] is True
     logits = model(torch.randn(2, 3, 32, 32))
     assert logits.shape == (2, 10)
