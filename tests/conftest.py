@@ -36,6 +36,14 @@ TINY = [
     "logger.fingerprint_every_steps=2",
 ]
 
+IMAGEFOLDER_EPOCHS = 4
+# A small run on an image tree (make_image_tree): 3 classes, a few steps per epoch.
+IMAGEFOLDER = [
+    "data=imagefolder", "data.image_size=32", "data.resize=36", "trainer.batch_size=12",
+    "trainer.eval_batch_size=16", f"trainer.epochs={IMAGEFOLDER_EPOCHS}", "model.widths=[8,16]",
+    "dataloader=debug", "logger.plot=false", "optimizer.lr=0.05",
+]  # fmt: skip
+
 
 def tiny(*overrides: str) -> list[str]:
     return [*TINY, *overrides]

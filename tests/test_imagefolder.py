@@ -12,19 +12,21 @@ from repro.data.sources import ImageFiles
 from repro.data.transforms import CenterCrop, ResizeShorter
 from repro.errors import DataError
 
-from conftest import ROOT, SHAPES, compose_config, make_image_tree, run_cli, train_in_process
-
-EPOCHS = 4
-IMAGEFOLDER = [
-    "data=imagefolder", "data.image_size=32", "data.resize=36", "trainer.batch_size=12",
-    "trainer.eval_batch_size=16", f"trainer.epochs={EPOCHS}", "model.widths=[8,16]",
-    "dataloader=debug", "logger.plot=false", "optimizer.lr=0.05",
-]  # fmt: skip
+from conftest import (
+    IMAGEFOLDER,
+    IMAGEFOLDER_EPOCHS,
+    ROOT,
+    SHAPES,
+    compose_config,
+    make_image_tree,
+    run_cli,
+    train_in_process,
+)
 
 
 def test_learns_a_tree_of_pngs_of_any_size(image_tree, tmp_path):
     summary = train_in_process(tmp_path / "run", *IMAGEFOLDER, f"data.root={image_tree}")
-    assert summary["completed"] and summary["total_steps"] == EPOCHS * (3 * 12 // 12)
+    assert summary["completed"] and summary["total_steps"] == IMAGEFOLDER_EPOCHS * (3 * 12 // 12)
     assert summary["val_acc"] >= 0.6, summary  # three classes: chance is 1/3
     resolved = (tmp_path / "run" / "resolved_config.yaml").read_text()
     assert "num_classes: 3" in resolved  # inferred from the class folders

@@ -75,6 +75,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "config": OmegaConf.to_container(cfg, resolve=True),
         "root_seed": root_seed,
         "init_weights": started_from,
+        "classes": list(parts.data.classes),  # names for repro.predict's output
     }
     trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
     _start(trainer, state, run_dir)

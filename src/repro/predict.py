@@ -1,0 +1,114 @@
+"""Predict the classes of image files with a trained checkpoint:
+
+    python -m repro.predict ckpt=PATH images=FOLDER_OR_FILE [out=predictions.csv] [top_k=1]
+        [device=auto] [batch_size=N] [tta=none|flip]
+
+Each image goes through the run's evaluation transform (resized to the run's size if it
+comes in another) and the model, as `repro.evaluate` runs it. `out` gets one CSV row per
+image, in sorted path order: its path, then the `top_k` classes and their probabilities.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
+    from repro.launch import pin_hash_seed
+
+    pin_hash_seed("repro.predict")
+
+import csv
+import io
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro import build
+from repro.data.loader import Batches
+from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
+from repro.engine.evaluation import predict
+from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.files import write_text_atomic
+from repro.restore import arguments, restore
+
+ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta"}
+
+
+def image_files(images: Path) -> list[Path]:
+    """`images` itself, or every image file under it, in sorted order."""
+    if images.is_file():
+        return [images]
+    if not images.is_dir():
+        raise DataError(f"images={images}: no such file or folder")
+    found = sorted(p for p in images.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not found:
+        suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
+        raise DataError(f"images={images}: no image files ({suffixes}) under it")
+    return found
+
+
+def predict_files(
+    ckpt: Path,
+    images: Path,
+    top_k: int = 1,
+    device_name: str = "auto",
+    batch_size: int | None = None,
+    tta: str | None = None,
+) -> list[dict[str, Any]]:
+    """One row per image file: its path, and its `top_k` classes with their probabilities."""
+    run = restore(ckpt, device_name, tta=tta)
+    classes = run.state.get("classes") or [str(i) for i in range(run.cfg.data.num_classes)]
+    if not isinstance(top_k, int) or not 1 <= top_k <= len(classes):
+        raise ConfigError("top_k", top_k, f"an integer from 1 to the {len(classes)} classes")
+    paths = image_files(images)
+    # Files come in any size: resized as the run's evaluation resizes, or to its image size.
+    run.cfg.data.resize = run.cfg.data.resize or run.cfg.data.image_size
+    _, eval_transform = build.pipelines(run.cfg)
+    loader = run.loader(ImageFiles(paths, [0] * len(paths)), eval_transform, batch_size)
+    probabilities = []
+    with torch.no_grad(), Batches(loader) as batches:
+        for images_batch, labels in batches.take(len(loader)):
+            batch, _ = run.to_device(images_batch, labels)
+            with run.precision.autocast():
+                logits = predict(run.model, run.memory_format.batch(batch), run.tta)
+            probabilities.append(logits.softmax(dim=1).cpu())
+    best = torch.cat(probabilities).topk(top_k, dim=1)
+    rows = []
+    for path, values, indices in zip(paths, best.values, best.indices, strict=True):
+        row: dict[str, Any] = {"path": str(path)}
+        for rank, (value, index) in enumerate(zip(values, indices, strict=True), start=1):
+            suffix = "" if rank == 1 else f"_{rank}"
+            row[f"class{suffix}"] = classes[int(index)]
+            row[f"probability{suffix}"] = round(float(value), 6)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args = arguments(argv, ARGUMENTS)
+        if "images" not in args:
+            raise ConfigError("images", None, "a folder of image files (or one file)")
+        rows = predict_files(
+            Path(str(args.ckpt)),
+            Path(str(args.images)),
+            args.get("top_k", 1),
+            str(args.get("device", "auto")),
+            args.get("batch_size"),
+            args.get("tta"),
+        )
+    except UserError as error:
+        exit_with(error)
+    out = Path(str(args.get("out", "predictions.csv")))
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(out, text.getvalue())
+    print(f"{len(rows)} images: predictions in {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,86 @@
+"""A trained model back from its checkpoint, on this machine, ready to evaluate or predict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader
+
+from repro import build, config
+from repro.data.datasets import Source
+from repro.data.loader import LoaderContext, eval_loader
+from repro.data.transforms import Compose
+from repro.engine.checkpoint import load
+from repro.errors import ConfigError
+from repro.runtime.devices import select_device, use_pinned_memory
+from repro.runtime.memory_format import MemoryFormat
+from repro.runtime.precision import Precision
+
+
+@dataclass
+class Restored:
+    """The run's config and checkpoint, and its model in eval mode on `device`, in the run's
+    memory format, with the precision and test-time augmentation to run it with."""
+
+    cfg: DictConfig
+    state: dict[str, Any]
+    model: nn.Module
+    device: torch.device
+    precision: Precision
+    memory_format: MemoryFormat
+    to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    tta: str
+
+    def loader(self, source: Source, transform: Compose, batch_size: int | None) -> DataLoader:
+        """Batches of `source` in its order (one pass: `Batches(loader).take(len(loader))`)."""
+        cfg = self.cfg
+        pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, self.device)
+        context = LoaderContext(self.state["root_seed"], device=self.device, pin_memory=pin_memory)
+        size = batch_size or cfg.trainer.eval_batch_size
+        return eval_loader(source, transform, size, cfg.dataloader, context)
+
+
+def restore(
+    ckpt: Path, device_name: str = "auto", data_root: str | None = None, tta: str | None = None
+) -> Restored:
+    """The checkpoint's model rebuilt from its stored config and seed. `data_root` re-points
+    the data; `tta` overrides the run's `trainer.tta`."""
+    allowed = config.CHOICES["trainer.tta"]
+    if tta is not None and tta not in allowed:
+        raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
+    state = load(ckpt)
+    cfg = OmegaConf.create(state["config"])
+    if data_root is not None:
+        cfg.data.root = data_root
+    device = select_device(device_name)
+    try:
+        precision = Precision(cfg.amp.mode, device)
+    except ConfigError:  # trained with fp16 on a GPU, run on a CPU: full precision
+        precision = Precision("off", device)
+    memory_format = MemoryFormat(cfg.memory_format.name)
+    model = build.model(cfg, state["root_seed"])
+    model.load_state_dict(state["model"])
+    model = memory_format.model(model.to(device)).eval()
+    to_device = build.device_batches(cfg, device)
+    tta = tta or cfg.trainer.get("tta", "none")
+    return Restored(cfg, state, model, device, precision, memory_format, to_device, tta)
+
+
+def arguments(argv: list[str], allowed: set[str]) -> DictConfig:
+    """The `key=value` arguments of a checkpoint command (evaluate, predict); `ckpt` is
+    required, and an unknown key is refused naming the ones allowed."""
+    args = OmegaConf.from_dotlist(argv)
+    given = {item.split("=", 1)[0] for item in argv if "=" in item}
+    unknown = sorted(given - allowed)
+    if unknown or not given:
+        named = unknown[0] if unknown else "(none)"
+        raise ConfigError("argument", named, f"use {', '.join(sorted(allowed))} as key=value")
+    if "ckpt" not in args:
+        raise ConfigError("ckpt", None, "the path of a checkpoint, e.g. ckpt=outputs/.../last.pt")
+    return args

@@ -1,0 +1,65 @@
+"""python -m repro.predict: a trained checkpoint's classes for image files."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from repro import evaluate
+from repro.errors import ConfigError, DataError
+from repro.predict import predict_files
+
+from conftest import IMAGEFOLDER, SHAPES, make_image_tree, run_cli, train_in_process
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run on a tree of PNGs of uneven sizes, and that tree."""
+    images = make_image_tree(tmp_path_factory.mktemp("tree") / "images")
+    run_dir = tmp_path_factory.mktemp("run")
+    train_in_process(run_dir, *IMAGEFOLDER, f"data.root={images}", "trainer.tta=flip")
+    return run_dir / "checkpoints" / "last.pt", images
+
+
+def test_predictions_name_the_classes_and_agree_with_evaluate(trained):
+    ckpt, images = trained
+    rows = predict_files(ckpt, images / "val", top_k=2)
+    assert len(rows) == 3 * 12 and all(row["class"] in SHAPES for row in rows)
+    assert all(row["probability"] >= row["probability_2"] for row in rows)
+    # The val folder is the run's validation split: the same accuracy as repro.evaluate's,
+    # through the same transform, model and test-time flips.
+    correct = sum(row["path"].split("/")[-2] == row["class"] for row in rows)
+    assert correct / len(rows) == evaluate.evaluate_checkpoint(ckpt, split="val")["acc"]
+    path = images / "val" / "bar" / "0.png"
+    (alone,) = predict_files(ckpt, path)
+    (among,) = [row for row in rows if row["path"] == str(path)]
+    assert alone["class"] == among["class"]
+    assert alone["probability"] == pytest.approx(among["probability"], abs=1e-4)
+
+
+def test_the_command_writes_its_csv_and_refuses_bad_arguments(trained, tmp_path):
+    ckpt, images = trained
+    out = tmp_path / "predictions.csv"
+    done = run_cli("repro.predict", f"ckpt={ckpt}", f"images={images / 'val'}", f"out={out}")
+    assert done.returncode == 0, done.stderr
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 36 and list(rows[0]) == ["path", "class", "probability"]
+    refused = [
+        ([f"images={images}"], "ckpt"),
+        ([f"ckpt={ckpt}"], "images"),
+        ([f"ckpt={ckpt}", f"images={tmp_path / 'none'}"], "no such file"),
+        ([f"ckpt={ckpt}", f"images={images}", "top_k=4"], "top_k=4"),
+    ]
+    for args, message in refused:
+        bad = run_cli("repro.predict", *args)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
+
+
+def test_an_empty_folder_is_refused(trained, tmp_path):
+    with pytest.raises(DataError, match="no image files"):
+        predict_files(trained[0], tmp_path)
+    with pytest.raises(ConfigError, match="top_k"):
+        predict_files(trained[0], trained[1] / "val", top_k=0)
