@@ -267,8 +267,15 @@ def test_a_new_run_in_an_old_folder_drops_the_old_best(tmp_path):
 def test_a_checkpoint_from_before_a_key_existed_resumes_under_its_old_behaviour():
     cfg = compose_config(*KEEP)
     saved = OmegaConf.to_container(cfg, resolve=True)
-    del saved["augment"]["cutout"], saved["trainer"]["tta"]
+    for key in resume.ADDED:
+        section, name = key.split(".")
+        del saved[section][name]
     resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
+    # An optimizer file of the user's, without the key: its own checkpoint resumes.
+    cfg.optimizer = {"_target_": "torch.optim.RMSprop", "lr": 0.01}
+    own = OmegaConf.to_container(cfg, resolve=True)
+    resume.check_compatible({"config": own, "resolved": {}}, cfg, {})
+    cfg = compose_config(*KEEP)
     cfg.augment.cutout = 8
     with pytest.raises(CheckpointError, match=r"augment\.cutout: 0 -> 8"):
         resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})

@@ -22,6 +22,14 @@ REFUSED = {
     "fp16 on cpu": (["amp=fp16", "trainer.device=cpu"], ["amp='fp16'", "allowed here: off"]),
     "misspelt added key": (["+trainer.epocs=3"], ["trainer.epocs=3", "closest is trainer.epochs"]),
     "misspelt added section": (["+trainr.epochs=3"], ["trainr=", "closest is trainer"]),
+    "warm-up longer than the run": (
+        ["scheduler.warmup=1.5"],
+        ["scheduler.warmup=1.5", "in [0, 1)"],
+    ),
+    "misspelt optimizer argument": (
+        ["+optimizer.momentun=0.9"],
+        ["optimizer._target_", "could not build it", "momentun"],
+    ),
     "missing init weights": (
         ["trainer.init_weights=/no/such/weights.pt"],
         ["trainer.init_weights=/no/such/weights.pt: no such file"],

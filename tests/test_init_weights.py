@@ -54,14 +54,28 @@ class Exploit:
         return (os.system, ("touch /tmp/repro-pwned-init",))
 
 
-def test_files_that_cannot_start_a_model_are_refused_in_one_line(tmp_path):
+def test_files_that_cannot_start_a_model_are_refused_in_one_line(trained, tmp_path):
     model = build.model(compose_config(*tiny()), 0)
     unsafe = tmp_path / "unsafe.pt"
     torch.save({"w": Exploit()}, unsafe)
     foreign = tmp_path / "foreign.pt"
     torch.save({"encoder.weight": torch.zeros(3, 3)}, foreign)
-    for path, message in ((tmp_path / "missing.pt", "no such file"),
-                          (unsafe, "refused"), (foreign, "none of its 1 tensors")):  # fmt: skip
+    text = tmp_path / "notes.yaml"
+    text.write_text("weights: none\n")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(trained.read_bytes()[:2000])
+    numbered = tmp_path / "numbered.pt"
+    torch.save({0: torch.zeros(1)}, numbered)
+    refused = [
+        (tmp_path / "missing.pt", "no such file"),
+        (tmp_path, "not a file"),
+        (unsafe, "refused"),
+        (foreign, "none of its 1 tensors"),
+        (text, "not tensors saved by torch.save"),
+        (truncated, "not a torch.save file"),
+        (numbered, "not a state_dict"),
+    ]
+    for path, message in refused:
         with pytest.raises(CheckpointError, match=message):
             load_matching(model, path)
     assert not os.path.exists("/tmp/repro-pwned-init")
@@ -74,8 +88,13 @@ def test_a_fine_tuned_run_records_its_start_and_resumes_exactly(trained, tmp_pat
     scratch = train_in_process(tmp_path / "scratch", *tiny("trainer.epochs=2"))
     assert straight["weights_sha256"] != scratch["weights_sha256"]
     assert straight["val_acc"] >= scratch["val_acc"]  # it starts where a trained run ended
+    moved = tmp_path / "moved.pt"
+    moved.write_bytes(trained.read_bytes())
+    run = tiny("trainer.epochs=2", f"trainer.init_weights={moved}")
     train_in_process(tmp_path / "resumed", *run, "trainer.halt_at_step=7")
+    moved.unlink()  # a resume takes its weights, and the record, from its checkpoint
     resumed = train_in_process(tmp_path / "resumed", *run)
     assert resumed["resumed_from_step"] == 7
     assert resumed["weights_sha256"] == straight["weights_sha256"]
-    assert resumed["init_weights"] == straight["init_weights"]
+    assert resumed["init_weights"]["sha256"] == straight["init_weights"]["sha256"]
+    assert resumed["init_weights"]["path"] == str(moved.resolve())

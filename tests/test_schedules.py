@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from repro.engine import schedules
-from repro.errors import ConfigError
 
 from conftest import tiny, train_in_process
 
@@ -37,8 +36,18 @@ def test_both_warm_up_linearly_then_decay_to_zero_along_their_curve():
     assert factors(schedules.constant, 5) == [1.0] * 5
 
 
-def test_warmup_linear_trains_to_a_rate_of_zero_and_a_bad_warmup_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"scheduler\.warmup"):
-        factors(schedules.warmup_linear, 10, warmup=1.5)
+def test_the_cosine_factors_are_the_closed_form_to_the_bit():
+    # The default schedule: any change in its arithmetic would change every default run.
+    total, warmup_steps = 468, 47  # the default run: 6 epochs of 78 steps, warmup 0.1
+    rates = factors(schedules.warmup_cosine, total, warmup=0.1)
+    for step, rate in enumerate(rates):
+        if step < warmup_steps:
+            assert rate == (step + 1) / warmup_steps
+        else:
+            progress = (step - warmup_steps) / (total - warmup_steps)
+            assert rate == 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def test_warmup_linear_trains_to_a_rate_of_zero(tmp_path):
     summary = train_in_process(tmp_path, *tiny("scheduler=warmup_linear"))
     assert summary["lr"] == 0.0 and summary["completed"]  # it ends at zero

@@ -43,6 +43,7 @@ def test_biases_and_norm_weights_can_be_left_out_of_weight_decay():
                              f"optimizer.weight_decay={decay}", "optimizer.momentum=0",
                              "optimizer.nesterov=false")  # fmt: skip
         model = build.model(cfg, 0)
+        assert any(p.ndim == 1 for p in model.parameters()), "BatchNorm weights and biases"
         optimizer = build.optimizer(cfg, model, Precision("off", torch.device("cpu")))
         before = {name: p.detach().clone() for name, p in model.named_parameters()}
         for parameter in model.parameters():

@@ -89,3 +89,12 @@ def test_bad_arguments(recorded, tmp_path):
     done = run_cli("repro.verify", str(recorded), "threads=0")
     assert done.returncode == 2 and "threads=N with N >= 1" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_run_recorded_before_newer_keys_existed_verifies(recorded):
+    resolved = recorded / "resolved_config.yaml"
+    lines = resolved.read_text().splitlines(keepends=True)
+    newer = ("  tta:", "  cutout:", "  init_weights:", "  decay_biases_and_norms:")
+    resolved.write_text("".join(line for line in lines if not line.startswith(newer)))
+    assert "tta" not in resolved.read_text()
+    assert verify.verify(recorded, steps=2).identical

@@ -70,7 +70,11 @@ def optimizer(cfg: Any, model: nn.Module, precision: Precision) -> torch.optim.O
                 target.__name__,
             )
     # A partial, called here: Hydra would turn the groups' dicts of tensors into configs.
-    return instantiate(settings, _partial_=True)(params, **options)
+    try:
+        return instantiate(settings, _partial_=True)(params, **options)
+    except Exception as error:  # an unknown class, argument or value: the user's to fix
+        target = settings.get("_target_")
+        raise ConfigError("optimizer._target_", target, f"could not build it: {error}") from None
 
 
 def splits(cfg: Any, root_seed: int) -> Splits:

@@ -164,6 +164,9 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
     if augment and augment.cutout > cfg.data.image_size:
         allowed = f"0 (off) or a side of at most data.image_size ({cfg.data.image_size})"
         raise ConfigError("augment.cutout", augment.cutout, allowed)
+    warmup = cfg.scheduler.get("warmup") if cfg.get("scheduler") else None
+    if warmup is not None and not (isinstance(warmup, int | float) and 0 <= warmup < 1):
+        raise ConfigError("scheduler.warmup", warmup, "a fraction of the steps in [0, 1)")
     if not 0 <= cfg.trainer.label_smoothing < 1:
         raise ConfigError("trainer.label_smoothing", cfg.trainer.label_smoothing, "in [0, 1)")
     if len(cfg.data.mean) != 3 or len(cfg.data.std) != 3 or min(cfg.data.std) <= 0:

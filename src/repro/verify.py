@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 
 from repro import build, config, schema
 from repro.data import fingerprint
+from repro.engine import resume
 from repro.engine.fingerprint_log import FingerprintLog, Row
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runtime import determinism, environment
@@ -90,6 +91,7 @@ def data_changes(recorded: dict, current: dict) -> list[str]:
 
 def _recorded_config(resolved: Path, steps: int | None, threads: int | None, env: dict) -> Any:
     cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), OmegaConf.load(resolved))
+    resume.fill_added(cfg)  # recorded before some keys existed
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"
     cfg.trainer.halt_at_step = steps

@@ -9,6 +9,7 @@ started from. Files are read with `weights_only=True`: a file holding code is re
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import pickle
 from pathlib import Path
@@ -21,13 +22,16 @@ from repro.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-DDP_PREFIX = "module."  # what a state_dict saved from a DistributedDataParallel wrapper has
+# What a state_dict saved from a wrapper has in front of every name: DistributedDataParallel,
+# then torch.compile (outermost first).
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 def load_matching(model: nn.Module, path: Path) -> dict[str, Any]:
-    """Copy the matching tensors of `path` (a repro checkpoint, or a file holding a
-    state_dict) into `model`; what was loaded, for the summary."""
-    weights = _weights_in(path)
+    """Copy the matching tensors of `path` (a repro checkpoint's model weights, not its
+    average, or a file holding a state_dict) into `model`; what was loaded, for the summary."""
+    contents = _read(path)
+    weights = _weights_in(path, contents)
     own = model.state_dict()
     matched = {
         name: tensor
@@ -44,33 +48,42 @@ def load_matching(model: nn.Module, path: Path) -> dict[str, Any]:
     if kept:
         log.info("init_weights: %d tensors loaded; kept initial: %s", len(matched), ", ".join(kept))
     return {
-        "path": str(path),
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "path": str(path.resolve()),
+        "sha256": hashlib.sha256(contents).hexdigest(),  # of the bytes loaded, read once
         "loaded": len(matched),
         "kept_initial": kept,
     }
 
 
-def _weights_in(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
+def _read(path: Path) -> bytes:
+    if not path.exists():
         raise CheckpointError(f"trainer.init_weights={path}: no such file")
+    if not path.is_file():
+        raise CheckpointError(f"trainer.init_weights={path}: not a file")
+    return path.read_bytes()
+
+
+def _weights_in(path: Path, contents: bytes) -> dict[str, torch.Tensor]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(contents), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise CheckpointError(
-            f"trainer.init_weights={path}: refused, it holds pickled objects other than "
-            "tensors (loading them could run code)"
+            f"trainer.init_weights={path}: refused, not tensors saved by torch.save, or it "
+            "holds other objects (loading them could run code)"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as error:
+    except Exception as error:  # any other failure to read the user's file
         raise CheckpointError(
-            f"trainer.init_weights={path}: unreadable ({error.__class__.__name__})"
+            f"trainer.init_weights={path}: not a torch.save file ({error.__class__.__name__})"
         ) from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a whole training checkpoint: ours, or another project's
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    if not isinstance(state, dict) or not all(
+        isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in state.items()
+    ):
         raise CheckpointError(
             f"trainer.init_weights={path}: not a state_dict (a dict of tensors by name)"
         )
-    if state and all(name.startswith(DDP_PREFIX) for name in state):
-        state = {name.removeprefix(DDP_PREFIX): tensor for name, tensor in state.items()}
+    for prefix in WRAPPER_PREFIXES:
+        if state and all(name.startswith(prefix) for name in state):
+            state = {name.removeprefix(prefix): tensor for name, tensor in state.items()}
     return state

@@ -37,13 +37,23 @@ MAY_CHANGE = (
 )
 
 # Keys added since checkpoint format 3 came out, with the value that does what runs did
-# before the key existed: a checkpoint whose config lacks one resumes under that value.
+# before the key existed: a checkpoint whose config lacks one resumes under that value (and
+# a config of the user's without one, such as an optimizer file, means that value too).
 ADDED = {
     "augment.cutout": 0,
     "trainer.tta": "none",
     "optimizer.decay_biases_and_norms": True,
     "trainer.init_weights": None,
 }
+
+
+def fill_added(cfg: DictConfig) -> None:
+    """Give a config recorded before some keys existed their old behaviour's values."""
+    for key, value in ADDED.items():
+        section, name = key.rsplit(".", 1)
+        node = OmegaConf.select(cfg, section)
+        if node is not None and (name not in node or OmegaConf.is_missing(node, name)):
+            node[name] = value
 
 
 def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:
@@ -101,7 +111,7 @@ def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str,
 
 
 def _check_config(saved: dict[str, Any], cfg: DictConfig) -> None:
-    now = config.flatten(OmegaConf.to_container(cfg, resolve=True))
+    now = ADDED | config.flatten(OmegaConf.to_container(cfg, resolve=True))
     before = ADDED | config.flatten(saved)
     differing = sorted(
         key

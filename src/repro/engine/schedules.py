@@ -8,8 +8,6 @@ from collections.abc import Callable
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from repro.errors import ConfigError
-
 
 def warmup_cosine(optimizer: Optimizer, total_steps: int, warmup: float = 0.1) -> LambdaLR:
     """Linear warm-up for `warmup` of the steps, then cosine decay to zero."""
@@ -29,10 +27,9 @@ def constant(optimizer: Optimizer, total_steps: int) -> LambdaLR:
 def _after_warmup(
     total_steps: int, warmup: float, decay: Callable[[float], float]
 ) -> Callable[[int], float]:
-    """The factor at each step: rising linearly to 1 over the warm-up's steps, then
-    `decay(progress)` with progress going from 0 to 1 over the remaining steps."""
-    if not 0 <= warmup < 1:
-        raise ConfigError("scheduler.warmup", warmup, "a fraction of the steps in [0, 1)")
+    """The factor at each step: rising linearly to 1 over the warm-up's steps (`warmup`, a
+    fraction in [0, 1) that config.validate checks), then `decay(progress)` with progress
+    going from 0 to 1 over the remaining steps."""
     warmup_steps = max(1, round(warmup * total_steps))
 
     def factor(step: int) -> float:
