@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from repro.data.samplers import EpochBatches
+from repro.engine import signals
 
 from conftest import read_summary, run_cli, tiny, torchrun
 
@@ -107,26 +111,16 @@ def test_sync_batchnorm_on_cpu_is_a_clear_config_error():
 
 def test_ranks_agree_on_a_stop_signal_every_ten_steps_only(monkeypatch):
     """A stop flag read back from an all-reduce waits for the GPU: not on every step."""
-    import signal
-    from types import SimpleNamespace
-
-    import torch
-
-    from repro.engine import loop
-
     reduced = []
 
     def fake_max(tensor, context):
         reduced.append(int(tensor.item()))
         return torch.tensor([max(reduced[-1], signal.SIGTERM)])  # another rank got SIGTERM
 
-    monkeypatch.setattr(loop.distributed, "max_tensor", fake_max)
-    trainer = SimpleNamespace(dist=SimpleNamespace(enabled=True), position=loop.Position())
-    no_signal_here = SimpleNamespace(signum=None)
-    agreed = []
-    for step in range(1, 31):
-        trainer.position.step = step
-        agreed.append(loop.Trainer.agreed_signal(trainer, no_signal_here))
+    monkeypatch.setattr(signals.distributed, "max_tensor", fake_max)
+    no_signal_here = signals.StopRequest()
+    torchrun_context = SimpleNamespace(enabled=True)
+    agreed = [no_signal_here.agreed(step, torchrun_context) for step in range(1, 31)]
     assert [s for s, a in enumerate(agreed, 1) if a is not None] == [10, 20, 30]
     assert set(agreed) == {None, signal.SIGTERM} and reduced == [0, 0, 0]
 

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from repro.data.loader import Batches
 from repro.data.samplers import EpochBatches
 from repro.engine import faults
+from repro.engine.cadence import Cadence
 from repro.engine.checkpoint import Checkpointer, capture_rng, restore_rng
 from repro.engine.ema import WeightAverage
 from repro.engine.evaluation import evaluate
@@ -34,9 +35,6 @@ from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 
 log = logging.getLogger(__name__)
-
-
-SIGNAL_SYNC_STEPS = 10
 
 
 class NonFiniteLossError(UserError):
@@ -176,7 +174,7 @@ class Trainer:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
             losses: list[torch.Tensor] = []
-            pos = self.position
+            pos, cadence = self.position, Cadence.of(self.settings)
             while not self._finished():
                 waited = time.perf_counter()
                 images, labels = self.to_device(*next(batches))
@@ -195,15 +193,15 @@ class Trainer:
                 epoch_ended = pos.batch == per_epoch
                 if epoch_ended:
                     pos.epoch, pos.batch = pos.epoch + 1, 0
-                if self._evaluate_now(epoch_ended):
+                if cadence.evaluate(pos, epoch_ended, self._finished()):
                     self.evaluate_and_log(losses, throughput)
                     if self._patience_spent():
                         self.stopped_early = True  # first: the checkpoint records it
                         self.checkpoint(losses)
                         return
-                if self._checkpoint_now(epoch_ended):
+                if cadence.checkpoint(pos, epoch_ended, self._finished()):
                     self.checkpoint(losses)
-                signum = self.agreed_signal(stop)
+                signum = stop.agreed(pos.step, self.dist)
                 if signum is not None or pos.step == self.settings.halt_at_step:
                     self.checkpoint(losses)
                     self.stopped_by = signum
@@ -221,35 +219,6 @@ class Trainer:
         """`patience` evaluations in a row without a better monitored value."""
         patience = self.settings.patience
         return patience is not None and self.best.stale >= patience
-
-    def _evaluate_now(self, epoch_ended: bool) -> bool:
-        """At the end of every `eval_every_epochs`-th epoch and of the run, and every
-        `eval_every_steps` steps inside an epoch."""
-        if self._finished():
-            return True
-        if epoch_ended:
-            return self.position.epoch % self.settings.eval_every_epochs == 0
-        every_steps = self.settings.eval_every_steps
-        return bool(every_steps) and self.position.step % every_steps == 0
-
-    def _checkpoint_now(self, epoch_ended: bool) -> bool:
-        """At the end of every epoch and of the run (wherever `max_steps` ends it), and every
-        `checkpoint_every_steps` steps."""
-        every_steps = self.settings.checkpoint_every_steps
-        periodic = bool(every_steps) and self.position.step % every_steps == 0
-        return epoch_ended or periodic or self._finished()
-
-    def agreed_signal(self, stop: StopRequest) -> int | None:
-        """The stop signal, if any rank got one: all ranks must stop at the same step. Under
-        torchrun the ranks agree every SIGNAL_SYNC_STEPS steps only: an all-reduce read on
-        the host waits for the GPU, and doing it every step would drain its queue each time."""
-        if not self.dist.enabled:
-            return stop.signum
-        if self.position.step % SIGNAL_SYNC_STEPS:
-            return None
-        flag = torch.tensor([stop.signum or 0])
-        signum = int(distributed.max_tensor(flag, self.dist).item())
-        return signum or None
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One optimizer step on a batch already on the device; the loss, left on the device."""

@@ -7,7 +7,15 @@ import signal
 import threading
 from types import FrameType
 
+import torch
+
+from repro.runtime import distributed
+
 log = logging.getLogger(__name__)
+
+# Under torchrun the ranks agree on a stop every this many steps: an all-reduce read on the
+# host waits for the GPU, and doing it every step would drain its queue each time.
+SYNC_STEPS = 10
 
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, name)
@@ -37,6 +45,15 @@ class StopRequest:
             for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
+
+    def agreed(self, step: int, dist: distributed.Context) -> int | None:
+        """The stop signal after `step`, if any rank got one: all ranks stop at one step."""
+        if not dist.enabled:
+            return self.signum
+        if step % SYNC_STEPS:
+            return None
+        flag = torch.tensor([self.signum or 0])
+        return int(distributed.max_tensor(flag, dist).item()) or None
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
