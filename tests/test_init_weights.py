@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from repro import build
-from repro.engine.init_weights import load_matching
+from repro.engine.init_weights import load_matching, load_on_every_rank
 from repro.errors import CheckpointError
 from repro.models.small_cnn import SmallCNN
+from repro.runtime import distributed
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -98,3 +99,15 @@ def test_a_fine_tuned_run_records_its_start_and_resumes_exactly(trained, tmp_pat
     assert resumed["weights_sha256"] == straight["weights_sha256"]
     assert resumed["init_weights"]["sha256"] == straight["init_weights"]["sha256"]
     assert resumed["init_weights"]["path"] == str(moved.resolve())
+
+
+def test_a_file_missing_on_one_rank_stops_every_rank(trained, monkeypatch):
+    model = build.model(compose_config(*tiny()), 0)
+    two_ranks = distributed.Context(rank=0, world=2, local_rank=0)
+    # Rank 0 reads the file; rank 1 (another node) does not find it.
+    others = ["trainer.init_weights=/node2/last.pt: no such file"]
+    monkeypatch.setattr(distributed, "gather", lambda value, dist: [value, *others])
+    with pytest.raises(CheckpointError, match="rank 1: .*no such file"):
+        load_on_every_rank(model, trained, two_ranks)
+    others[0] = None
+    assert load_on_every_rank(model, trained, two_ranks)["loaded"] > 0

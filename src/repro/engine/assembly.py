@@ -97,7 +97,7 @@ def build_parts(
     initialised = None
     if cfg.trainer.init_weights is not None and initialise:
         path = Path(cfg.trainer.init_weights).expanduser()
-        initialised = init_weights.load_matching(model, path)
+        initialised = init_weights.load_on_every_rank(model, path, knobs.dist)
     preflight.check_classes(model, data, cfg.data.image_size)
     model = knobs.memory_format.model(model.to(knobs.device))
     forward_model = (

@@ -19,12 +19,28 @@ import torch
 from torch import nn
 
 from repro.errors import CheckpointError
+from repro.runtime import distributed
 
 log = logging.getLogger(__name__)
 
 # What a state_dict saved from a wrapper has in front of every name: DistributedDataParallel,
 # then torch.compile (outermost first).
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def load_on_every_rank(model: nn.Module, path: Path, dist: distributed.Context) -> dict[str, Any]:
+    """`load_matching` on every rank, failing on all of them when it fails on one: a rank
+    that stopped alone (the file missing on its node) would leave the others waiting."""
+    loaded, problem = None, None
+    try:
+        loaded = load_matching(model, path)
+    except CheckpointError as error:
+        problem = str(error)
+    for rank, failed in enumerate(distributed.gather(problem, dist)):
+        if failed:
+            raise CheckpointError(f"rank {rank}: {failed}" if dist.enabled else failed)
+    assert loaded is not None
+    return loaded
 
 
 def load_matching(model: nn.Module, path: Path) -> dict[str, Any]:
