@@ -107,7 +107,7 @@ def test_a_file_missing_on_one_rank_stops_every_rank(trained, monkeypatch):
     # Rank 0 reads the file; rank 1 (another node) does not find it.
     others = ["trainer.init_weights=/node2/last.pt: no such file"]
     monkeypatch.setattr(distributed, "gather", lambda value, dist: [value, *others])
-    with pytest.raises(CheckpointError, match="rank 1: .*no such file"):
+    with pytest.raises(CheckpointError, match=r"rank 1: .*no such file"):
         load_on_every_rank(model, trained, two_ranks)
     others[0] = None
     assert load_on_every_rank(model, trained, two_ranks)["loaded"] > 0
