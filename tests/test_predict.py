@@ -1,4 +1,4 @@
-"""python -m repro.predict: a trained checkpoint's classes for image files."""
+"""python -m repro.predict, and repro.evaluate per class: a trained checkpoint's classes."""
 
 from __future__ import annotations
 
@@ -63,3 +63,19 @@ def test_an_empty_folder_is_refused(trained, tmp_path):
         predict_files(trained[0], tmp_path)
     with pytest.raises(ConfigError, match="top_k"):
         predict_files(trained[0], trained[1] / "val", top_k=0)
+
+
+def test_per_class_accuracy_and_the_confusion_matrix_add_up(trained):
+    ckpt, _ = trained
+    result = evaluate.evaluate_checkpoint(ckpt, split="val", per_class=True)
+    confusion = result["confusion"]
+    assert len(confusion) == 3 and sum(map(sum, confusion)) == result["images"] == 36
+    assert sum(confusion[i][i] for i in range(3)) / 36 == result["acc"]
+    assert [row["class"] for row in result["per_class"]] == sorted(SHAPES)
+    assert all(row["images"] == 12 for row in result["per_class"])
+    rows = predict_files(ckpt, trained[1] / "val")  # the same predictions, file by file
+    for index, name in enumerate(sorted(SHAPES)):
+        mine = [row for row in rows if row["path"].split("/")[-2] == name]
+        assert [sum(row["class"] == other for row in mine) for other in sorted(SHAPES)] == (
+            confusion[index]
+        )

@@ -2,7 +2,8 @@
 
 The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
 may point at the data's new place on this machine, and `tta=none|flip` overrides the
-run's `trainer.tta`. Prints loss and accuracy; with `out=FILE`, also writes them as JSON.
+run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
+matrix. Prints loss and accuracy; with `out=FILE`, also writes them as JSON.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from repro.files import write_json_atomic
 from repro.restore import arguments, restore
 
 SPLITS = ("train", "val", "test")
-ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size", "tta"}
+ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size", "tta", "per_class"}
 
 
 def evaluate_checkpoint(
@@ -39,9 +40,13 @@ def evaluate_checkpoint(
     data_root: str | None = None,
     batch_size: int | None = None,
     tta: str | None = None,
+    per_class: bool = False,
 ) -> dict[str, Any]:
     """Loss and accuracy of the checkpoint's model on one split of its dataset, with the
-    run's test-time augmentation unless `tta` names one."""
+    run's test-time augmentation unless `tta` names one; with `per_class`, each class's
+    accuracy and the confusion matrix (rows: true class, columns: predicted)."""
+    if not isinstance(per_class, bool):
+        raise ConfigError("per_class", per_class, "true or false")
     if split not in SPLITS:
         raise ConfigError("split", split, f"choose one of {', '.join(SPLITS)}")
     run = restore(ckpt, device_name, data_root, tta)
@@ -54,9 +59,18 @@ def evaluate_checkpoint(
     _, eval_transform = build.pipelines(cfg, resized=cached)
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast
+    classes = int(cfg.data.num_classes) if per_class else None
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
-        result = evaluate(run.model, one_pass, run.to_device, prepare, autocast, tta=run.tta)
+        result = evaluate(
+            run.model, one_pass, run.to_device, prepare, autocast, tta=run.tta, classes=classes
+        )
+    if per_class:
+        names = run.state.get("classes") or [str(i) for i in range(len(result["confusion"]))]
+        result["per_class"] = [
+            {"class": name, "images": sum(row), "acc": row[index] / sum(row) if sum(row) else None}
+            for index, (name, row) in enumerate(zip(names, result["confusion"], strict=True))
+        ]
     return {
         "split": split,
         "images": len(source),
@@ -77,6 +91,7 @@ def main(argv: list[str]) -> None:
             OmegaConf.select(args, "data.root"),
             args.get("batch_size"),
             args.get("tta"),
+            args.get("per_class", False),
         )
     except UserError as error:
         exit_with(error)
@@ -85,6 +100,9 @@ def main(argv: list[str]) -> None:
         f"{result['split']}: loss {result['loss']:.4f}  acc {result['acc']:.4f}  "
         f"({result['images']} images, checkpoint step {result['step']}{flips})"
     )
+    for row in result.get("per_class", []):
+        shown = "-" if row["acc"] is None else f"{row['acc']:.4f}"
+        print(f"  {row['class']}: acc {shown} ({row['images']} images)")
     if "out" in args:
         write_json_atomic(Path(str(args.out)), result)
 

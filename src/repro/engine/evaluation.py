@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,9 +30,11 @@ def evaluate(
     autocast: Callable[[], AbstractContextManager[None]],
     dist: distributed.Context | None = None,
     tta: str = "none",
-) -> dict[str, float]:
+    classes: int | None = None,
+) -> dict[str, Any]:
     """Mean cross-entropy and accuracy over `batches` (summed over torchrun ranks, each of
-    which evaluates its own shard), of the logits `predict` gives with `tta`."""
+    which evaluates its own shard), of the logits `predict` gives with `tta`; with `classes`,
+    also the confusion matrix (rows: true class, columns: predicted)."""
     was_training = model.training
     model.eval()
     # Sums stay on the device until the end (a read per batch would wait for the GPU each
@@ -40,6 +43,8 @@ def evaluate(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
+    truths: list[torch.Tensor] = []
+    predictions: list[torch.Tensor] = []
     for images, labels in batches:
         images, labels = to_device(images, labels)
         with autocast():
@@ -48,12 +53,31 @@ def evaluate(
         # were batched (or sharded over ranks) beyond the logits' own last bits.
         losses = nn.functional.cross_entropy(logits, labels, reduction="none")
         loss_sum += losses.double().sum()
-        correct += (logits.argmax(1) == labels).sum().double()
+        predicted = logits.argmax(1)
+        correct += (predicted == labels).sum().double()
         count += len(labels)
+        if classes is not None:
+            truths.append(labels)
+            predictions.append(predicted)
     model.train(was_training)
     # One copy to the host: one wait for a GPU.
     totals = torch.stack([loss_sum, correct, torch.full_like(loss_sum, count)]).cpu()
     if dist is not None:
         totals = distributed.sum_tensor(totals, dist)
     loss_total, correct_total, images = totals.tolist()
-    return {"loss": loss_total / images, "acc": correct_total / images}
+    result: dict[str, Any] = {"loss": loss_total / images, "acc": correct_total / images}
+    if classes is not None:
+        result["confusion"] = _confusion(truths, predictions, classes, dist).tolist()
+    return result
+
+
+def _confusion(
+    truths: list[torch.Tensor],
+    predictions: list[torch.Tensor],
+    classes: int,
+    dist: distributed.Context | None,
+) -> torch.Tensor:
+    """Counted on the host, once: a GPU's scatter-add has no deterministic kernel."""
+    pairs = torch.cat(truths).cpu() * classes + torch.cat(predictions).cpu()
+    confusion = torch.bincount(pairs, minlength=classes * classes).view(classes, classes)
+    return distributed.sum_tensor(confusion, dist) if dist is not None else confusion
