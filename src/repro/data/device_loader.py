@@ -36,7 +36,9 @@ def _on_device(source: Source, transform: Compose, device: torch.device) -> Tens
         )
     if not transform.batchable:  # a resize or per-sample torchvision transforms
         raise ConfigError(
-            "dataloader", "device", "crop and flip only (no data.resize, no augment.transforms)"
+            "dataloader",
+            "device",
+            "crop, flip and Cutout only (no data.resize, no augment.transforms)",
         )
     return TensorImages(source.images.to(device), source.labels.to(device))
 
