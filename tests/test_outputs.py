@@ -77,6 +77,8 @@ def test_evaluate_test_split_and_bad_arguments(tmp_path):
         ([f"ckpt={run_dir / 'summary.json'}"], "not a checkpoint"),
         ([f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "split=dev"], "split='dev'"),
         (["checkpoint=x"], "argument='checkpoint'"),
+        ([f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "tta=mirror"], "tta='mirror'"),
+        ([f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "per_class=maybe"], "per_class="),
     ]:
         bad = run_cli("repro.evaluate", *args)
         assert bad.returncode == 2 and expected in bad.stderr and "Traceback" not in bad.stderr

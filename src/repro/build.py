@@ -92,7 +92,7 @@ def pipelines(cfg: Any, resized: bool = False) -> tuple[transforms.Compose, tran
         resize = size  # files come in any size; a batch needs one
     augment = cfg.get("augment")  # absent from the configs of older checkpoints
     crop_flip = augment is None or bool(augment.crop_flip)
-    cutout = int(augment.get("cutout", 0)) if augment is not None else 0
+    cutout = augment.cutout if augment is not None else 0
     extra = torchvision_transforms(augment.transforms) if augment is not None else []
     train = transforms.build(
         data.augment, size, resize, pad,

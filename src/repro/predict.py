@@ -72,8 +72,8 @@ def predict_files(
             batch, _ = run.to_device(images_batch, labels)
             with run.precision.autocast():
                 logits = predict(run.model, run.memory_format.batch(batch), run.tta)
-            probabilities.append(logits.softmax(dim=1).cpu())
-    best = torch.cat(probabilities).topk(top_k, dim=1)
+            probabilities.append(logits.softmax(dim=1))
+    best = torch.cat(probabilities).cpu().topk(top_k, dim=1)  # one copy to the host
     rows = []
     for path, values, indices in zip(paths, best.values, best.indices, strict=True):
         row: dict[str, Any] = {"path": str(path)}

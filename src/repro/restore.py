@@ -16,6 +16,7 @@ from repro import build, config
 from repro.data.datasets import Source
 from repro.data.loader import LoaderContext, eval_loader
 from repro.data.transforms import Compose
+from repro.engine import resume
 from repro.engine.checkpoint import load
 from repro.errors import ConfigError
 from repro.runtime.devices import select_device, use_pinned_memory
@@ -56,6 +57,7 @@ def restore(
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
     state = load(ckpt)
     cfg = OmegaConf.create(state["config"])
+    resume.fill_added(cfg)  # a checkpoint written before some keys existed
     if data_root is not None:
         cfg.data.root = data_root
     device = select_device(device_name)
@@ -68,7 +70,7 @@ def restore(
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device)).eval()
     to_device = build.device_batches(cfg, device)
-    tta = tta or cfg.trainer.get("tta", "none")
+    tta = tta or cfg.trainer.tta
     return Restored(cfg, state, model, device, precision, memory_format, to_device, tta)
 
 

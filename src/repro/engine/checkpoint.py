@@ -129,8 +129,9 @@ def atomic_save(obj: Any, path: Path, step: int = -1) -> None:
     _fsync_dir(path.parent)
 
 
-def load(path: Path) -> dict[str, Any]:
-    """Read one of our checkpoints, or raise CheckpointError saying why it cannot be used."""
+def load(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """Read one of our checkpoints, or raise CheckpointError saying why it cannot be used.
+    `mmap`: tensors stay in the file until read (to look at a checkpoint's plain values)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     with path.open("rb") as handle:
@@ -140,7 +141,7 @@ def load(path: Path) -> dict[str, Any]:
     if magic != ZIP_MAGIC:
         raise CheckpointError(f"{path}: not a checkpoint (torch.save writes zip archives)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"{path}: refused, it holds pickled objects other than tensors and plain values "
@@ -158,25 +159,12 @@ def load(path: Path) -> dict[str, Any]:
     return state
 
 
-UNREADABLE = (
-    pickle.UnpicklingError,
-    RuntimeError,
-    EOFError,
-    OSError,
-    ValueError,
-    KeyError,
-    TypeError,
-)
-
-
 def best_step_of(path: Path) -> int | None:
-    """The step of the best weights in `path` (None if unreadable), read without loading
-    the tensors (memory-mapped)."""
+    """The step of the checkpoint `path` holds; None if there is none we can use there."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return int(state["position"]["step"])
-    except UNREADABLE:
-        return None  # unreadable, or not ours: not the recorded best
+        return int(load(path, mmap=True)["position"]["step"])
+    except CheckpointError:
+        return None
 
 
 class Checkpointer:

@@ -46,12 +46,12 @@ def _weights(which: str, trainer: Trainer) -> tuple[str, nn.Module]:
     best = trainer.checkpointer.folder / BEST_FILE
     # Rank 0 wrote best.pt (its last write is on disk: Trainer.close waited) and decides for
     # every rank, so that all of them test the same weights.
-    found = trainer.dist.is_main and trainer.best.step is not None
-    found = distributed.broadcast(found and best_step_of(best) == trainer.best.step, trainer.dist)
-    if not found:
+    recorded = trainer.best.step
+    usable = trainer.dist.is_main and recorded is not None and best_step_of(best) == recorded
+    if not distributed.broadcast(usable, trainer.dist):  # rank 0's answer
         log.warning(
             "no %s of the best step (%s) in this run folder (checkpoints off, or resumed from "
-            "another folder's checkpoint): testing the last weights", best, trainer.best.step,
+            "another folder's checkpoint): testing the last weights", best, recorded,
         )  # fmt: skip
         return "last", trainer.model
     model = copy.deepcopy(trainer.model)
