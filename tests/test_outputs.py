@@ -79,6 +79,10 @@ def test_evaluate_test_split_and_bad_arguments(tmp_path):
         (["checkpoint=x"], "argument='checkpoint'"),
         ([f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "tta=mirror"], "tta='mirror'"),
         ([f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", "per_class=maybe"], "per_class="),
+        (
+            [f"ckpt={run_dir / 'checkpoints' / 'last.pt'}", f"out={run_dir / 'summary.json'}"],
+            "does not exist yet",
+        ),
     ]:
         bad = run_cli("repro.evaluate", *args)
         assert bad.returncode == 2 and expected in bad.stderr and "Traceback" not in bad.stderr

@@ -46,16 +46,29 @@ def test_the_command_writes_its_csv_and_refuses_bad_arguments(trained, tmp_path)
     with out.open() as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 36 and list(rows[0]) == ["path", "class", "probability"]
+    written, fresh = out.read_bytes(), tmp_path / "unwritten.csv"
     refused = [
+        ([f"ckpt={ckpt}", f"images={images}", f"out={out}"], "does not exist yet"),
+        ([f"ckpt={ckpt}", f"images={images}", f"out={tmp_path}"], "this is a folder"),
+        ([f"ckpt={ckpt}", f"images={images}", f"out={out}", "overwrite=maybe"], "overwrite="),
         ([f"images={images}"], "ckpt"),
         ([f"ckpt={ckpt}"], "images"),
-        ([f"ckpt={ckpt}", f"images={tmp_path / 'none'}"], "no such file"),
-        ([f"ckpt={ckpt}", f"images={images}", "top_k=4"], "top_k=4"),
+        ([f"ckpt={ckpt}", f"images={tmp_path / 'none'}", f"out={fresh}"], "no such file"),
+        ([f"ckpt={ckpt}", f"images={images}", "top_k=4", f"out={fresh}"], "top_k=4"),
     ]
     for args, message in refused:
         bad = run_cli("repro.predict", *args)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr
+    assert out.read_bytes() == written and not fresh.exists()  # refused: nothing written
+    args = f"ckpt={ckpt}", f"images={images / 'val' / 'bar'}", f"out={out}", "overwrite=true"
+    assert run_cli("repro.predict", *args).returncode == 0
+    assert out.read_text().count("\n") == 1 + 12
+    nested = tmp_path / "new" / "folder" / "p.csv"  # a missing folder is made
+    assert (
+        run_cli("repro.predict", f"ckpt={ckpt}", f"images={images}", f"out={nested}").returncode
+        == 0
+    )
 
 
 def test_an_empty_folder_is_refused(trained, tmp_path):

@@ -3,7 +3,8 @@
 The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
 may point at the data's new place on this machine, and `tta=none|flip` overrides the
 run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
-matrix. Prints loss and accuracy; with `out=FILE`, also writes them as JSON.
+matrix. Prints loss and accuracy; with `out=FILE`, also writes them as JSON (an existing file
+is refused before any work unless `overwrite=true`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,20 @@ from repro.data.sources import ImageFiles
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
 from repro.files import write_json_atomic
-from repro.restore import arguments, restore
+from repro.restore import arguments, output_file, restore
 
 SPLITS = ("train", "val", "test")
-ARGUMENTS = {"ckpt", "split", "device", "out", "data.root", "batch_size", "tta", "per_class"}
+ARGUMENTS = {
+    "ckpt",
+    "split",
+    "device",
+    "out",
+    "data.root",
+    "batch_size",
+    "tta",
+    "per_class",
+    "overwrite",
+}
 
 
 def evaluate_checkpoint(
@@ -84,6 +95,8 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args = arguments(argv, ARGUMENTS)
+        overwrite = args.get("overwrite", False)
+        out = output_file(str(args.out), overwrite) if "out" in args else None
         result = evaluate_checkpoint(
             Path(str(args.ckpt)),
             str(args.get("split", "test")),
@@ -103,8 +116,8 @@ def main(argv: list[str]) -> None:
     for row in result.get("per_class", []):
         shown = "-" if row["acc"] is None else f"{row['acc']:.4f}"
         print(f"  {row['class']}: acc {shown} ({row['images']} images)")
-    if "out" in args:
-        write_json_atomic(Path(str(args.out)), result)
+    if out is not None:
+        write_json_atomic(out, result)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Predict the classes of image files with a trained checkpoint:
 
     python -m repro.predict ckpt=PATH images=FOLDER_OR_FILE [out=predictions.csv] [top_k=1]
-        [device=auto] [batch_size=N] [tta=none|flip]
+        [device=auto] [batch_size=N] [tta=none|flip] [overwrite=false]
 
 Each image goes through the run's evaluation transform (resized to the run's size if it
 comes in another) and the model, as `repro.evaluate` runs it. `out` gets one CSV row per
-image, in sorted path order: its path, then the `top_k` classes and their probabilities.
+image, in sorted path order: its path, then the `top_k` classes and their probabilities. An
+existing `out` is refused before any work unless `overwrite=true`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.files import write_text_atomic
-from repro.restore import arguments, restore
+from repro.restore import arguments, output_file, restore
 
-ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta"}
+ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta", "overwrite"}
 
 
 def image_files(images: Path) -> list[Path]:
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> None:
         args = arguments(argv, ARGUMENTS)
         if "images" not in args:
             raise ConfigError("images", None, "a folder of image files (or one file)")
+        out = output_file(str(args.get("out", "predictions.csv")), args.get("overwrite", False))
         rows = predict_files(
             Path(str(args.ckpt)),
             Path(str(args.images)),
@@ -101,7 +103,6 @@ def main(argv: list[str]) -> None:
         )
     except UserError as error:
         exit_with(error)
-    out = Path(str(args.get("out", "predictions.csv")))
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, list(rows[0]))
     writer.writeheader()

@@ -86,3 +86,20 @@ def arguments(argv: list[str], allowed: set[str]) -> DictConfig:
     if "ckpt" not in args:
         raise ConfigError("ckpt", None, "the path of a checkpoint, e.g. ckpt=outputs/.../last.pt")
     return args
+
+
+def output_file(name: str, overwrite: object = False) -> Path:
+    """Where a checkpoint command writes its result, checked before any work: an existing file
+    is never replaced unless `overwrite` is true, and a missing folder is made."""
+    out = Path(name)
+    if not isinstance(overwrite, bool):
+        raise ConfigError("overwrite", overwrite, "true or false")
+    if out.is_dir():
+        raise ConfigError("out", name, "a file name; this is a folder")
+    if out.exists() and not overwrite:
+        raise ConfigError("out", name, "a file that does not exist yet, or add overwrite=true")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError("out", name, f"a file in a folder that can be made ({error})") from None
+    return out
