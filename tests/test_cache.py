@@ -44,6 +44,16 @@ def test_the_cache_holds_resized_images_and_takes_the_in_memory_paths(tmp_path):
     assert device.dataloader.on_device and summary["completed"]
 
 
+def test_the_decoding_bar_follows_logger_progress(tmp_path, capsys):
+    root = make_image_tree(tmp_path / "images", 2, side=40)
+    shown = {}
+    for setting in ("on", "off", "auto"):  # auto: stdout is not a terminal under pytest
+        build.splits(compose_config(*FOLDER, f"data.root={root}", "data.cache=memory",
+                                    f"logger.progress={setting}"), 0)  # fmt: skip
+        shown[setting] = "decoding train" in capsys.readouterr().out
+    assert shown == {"on": True, "off": False, "auto": False}
+
+
 def test_images_of_several_sizes_need_a_resize_to_be_cached(tmp_path):
     root = make_image_tree(tmp_path / "images", 2)  # uneven, non-square sizes
     refused = compose_config(*FOLDER, f"data.root={root}", "data.cache=memory", "data.resize=null")

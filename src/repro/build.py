@@ -78,7 +78,8 @@ def optimizer(cfg: Any, model: nn.Module, precision: Precision) -> torch.optim.O
 
 
 def splits(cfg: Any, root_seed: int) -> Splits:
-    built = build_splits(cfg.data, root_seed)
+    progress = OmegaConf.select(cfg, "logger.progress", default="auto")
+    built = build_splits(cfg.data, root_seed, progress)
     if cfg.data.num_classes is None:
         cfg.data.num_classes = len(built.classes)
     return built

@@ -66,7 +66,7 @@ def evaluate_checkpoint(
     cfg.data.cache = "none"  # decode only the split evaluated
     source = getattr(build.splits(cfg, run.state["root_seed"]), split)
     if cached and isinstance(source, ImageFiles):
-        source = decode(source, cfg.data, split)
+        source = decode(source, cfg.data, split, cfg.logger.get("progress", "auto"))
     _, eval_transform = build.pipelines(cfg, resized=cached)
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast

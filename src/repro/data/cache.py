@@ -33,13 +33,14 @@ PARALLEL_FROM = 2048  # fewer images decode faster than worker processes start
 MAX_WORKERS = 8
 
 
-def decode_splits(splits: Splits, data_cfg: Any) -> Splits:
-    """Every image-file split of `splits` decoded into memory (a split used twice, once)."""
+def decode_splits(splits: Splits, data_cfg: Any, progress: str = "auto") -> Splits:
+    """Every image-file split of `splits` decoded into memory (a split used twice, once);
+    `progress` shows a bar as `logger.progress` says."""
     decoded: dict[int, TensorImages] = {}
     for name in ("train", "val", "test"):
         source = getattr(splits, name)
         if isinstance(source, ImageFiles) and id(source) not in decoded:
-            decoded[id(source)] = decode(source, data_cfg, name)
+            decoded[id(source)] = decode(source, data_cfg, name, progress)
     if not decoded:
         return splits
     sources = {name: getattr(splits, name) for name in ("train", "val", "test")}
@@ -47,7 +48,9 @@ def decode_splits(splits: Splits, data_cfg: Any) -> Splits:
     return replace(splits, **chosen, resized=True)
 
 
-def decode(files: ImageFiles, data_cfg: Any, name: str = "split") -> TensorImages:
+def decode(
+    files: ImageFiles, data_cfg: Any, name: str = "split", progress: str = "auto"
+) -> TensorImages:
     """One split of image files as a uint8 (N, C, H, W) tensor, resized as the pipeline would."""
     side = data_cfg.resize or data_cfg.image_size
     budget = float(data_cfg.cache_budget_gib) * GIB
@@ -56,11 +59,11 @@ def decode(files: ImageFiles, data_cfg: Any, name: str = "split") -> TensorImage
     if estimate > budget:
         _refuse_budget(data_cfg, len(files), estimate, name)
     images: list[torch.Tensor] = []
-    with progress_bar() as progress:
-        task = progress.add_task(f"decoding {name}", total=len(files))
+    with progress_bar(progress) as bar:
+        task = bar.add_task(f"decoding {name}", total=len(files))
         for chunk in _decoder(resized):
             images.extend(chunk)
-            progress.advance(task, len(chunk))
+            bar.advance(task, len(chunk))
     if any(image.shape != images[0].shape for image in images):
         if data_cfg.resize is None:
             shapes = sorted({tuple(image.shape[1:]) for image in images})

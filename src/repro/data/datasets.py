@@ -107,12 +107,12 @@ def _keep_fraction(source: Source, fraction: float, split_seed: int, split: str)
     return source.subset(order[:keep].sort().values)
 
 
-def build_splits(cfg: Any, split_seed: int) -> Splits:
+def build_splits(cfg: Any, split_seed: int, progress: str = "auto") -> Splits:
     """The dataset named by `data.name`, cut to `data.fraction` of every split, and decoded
-    into memory with `data.cache=memory`."""
+    into memory with `data.cache=memory` (a progress bar as `logger.progress` says)."""
     splits = _keep_fractions(BUILDERS[cfg.name](cfg, split_seed), cfg, split_seed)
     if cfg.get("cache", "none") == "memory":  # absent from configs of older checkpoints
-        return decode_splits(splits, cfg)
+        return decode_splits(splits, cfg, progress)
     return splits
 
 
