@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra.errors import HydraException
+from torch import nn
 
 from repro import config
+from repro.engine.checkpoint import load
+from repro.engine.fingerprint_log import FingerprintLog
+from repro.engine.losses import NonFiniteLossError, PendingLosses
+from repro.engine.position import Position
 from repro.errors import UserError, one_line
+from repro.runtime.distributed import Context
 
 from conftest import compose_config, run_cli, tiny, train_in_process
 
@@ -93,6 +100,33 @@ def test_config_errors_keep_earlier_results(tmp_path):
     assert done.returncode == 2
     assert (run_dir / "summary.json").read_text() == summary
     assert (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def test_a_diverging_run_stops_at_its_first_non_finite_loss_keeping_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = "optimizer.lr=1e12", "trainer.checkpoint_every_steps=2"
+    done = run_cli("repro.train", *tiny(*overrides), f"hydra.run.dir={run_dir}")
+    assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
+    (message,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    step = int(message.split(" at step ")[1].split(";")[0])
+    assert "loss is nan" in message and str(run_dir / "checkpoints") in message
+    # Every step before the first non-finite loss was logged; the checkpoint before it stands.
+    logged = FingerprintLog.of_run(run_dir).read()
+    assert [row.step for row in logged] == list(range(1, step))
+    kept = load(run_dir / "checkpoints" / "last.pt")
+    assert 0 < kept["position"]["step"] < step
+
+
+def test_the_losses_before_a_non_finite_one_are_logged_and_their_sums_left_alone(tmp_path):
+    log = FingerprintLog(tmp_path / "fingerprints.csv")
+    pending = PendingLosses(log, 50, Context(), False, tmp_path)
+    for value in (1.0, 2.0, float("inf"), 4.0):
+        pending.append(torch.tensor(value))
+    position = Position(step=14)
+    with pytest.raises(NonFiniteLossError, match="loss is inf at step 13"):
+        pending.flush(position, nn.Linear(1, 1))
+    assert [(row.step, float(row.loss)) for row in log.read()] == [(11, 1.0), (12, 2.0)]
+    assert position.loss_count == 0
 
 
 def test_keys_added_to_free_form_nodes_are_accepted():

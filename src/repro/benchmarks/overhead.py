@@ -48,13 +48,13 @@ COLUMNS = [
 class TemplateLoop(Trainer):
     """The real loop, minus the end-of-run evaluation and checkpoint (losses still flushed)."""
 
-    def evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
-        self.flush_losses(losses)
+    def evaluate_and_log(self, throughput: Throughput) -> None:
+        self.flush_losses()
         _, wait = throughput.read()
         self.last_eval = {"step": self.position.step, "data_wait_frac": wait}
 
-    def checkpoint(self, losses: list[torch.Tensor]) -> None:
-        self.flush_losses(losses)
+    def checkpoint(self) -> None:
+        self.flush_losses()
 
 
 def template(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float:

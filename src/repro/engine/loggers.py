@@ -1,10 +1,11 @@
-"""Where metrics go: metrics.csv always, TensorBoard when enabled, experiment trackers
-(MLflow, W&B) when configured, curves.png at the end."""
+"""Where metrics go: metrics.csv and the run's log always, TensorBoard when enabled,
+experiment trackers (MLflow, W&B) when configured, curves.png at the end."""
 
 from __future__ import annotations
 
 import csv
 import io
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,12 @@ COLUMNS = (
 )
 EMA_COLUMNS = ("ema_val_loss", "ema_val_acc")  # with trainer.ema_decay
 
+log = logging.getLogger(__name__)
+
 
 class MetricsLog:
-    """Appends one row per evaluation to metrics.csv (kept across resumes) and to TensorBoard."""
+    """Appends one row per evaluation to metrics.csv (kept across resumes), the log, TensorBoard
+    and the trackers."""
 
     def __init__(
         self, run_dir: Path, tensorboard: bool, ema: bool = False, trackers: Sequence[Any] = ()
@@ -68,6 +72,18 @@ class MetricsLog:
             self.writer.flush()
         for tracker in self.trackers:
             tracker.metrics(values, values["step"])
+        log.info(
+            "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "
+            "%.0f img/s, %.1f%% waiting for data",
+            values["epoch"],
+            values["step"],
+            values["train_loss"],
+            values["val_loss"],
+            values["val_acc"],
+            values["lr"],
+            values["images_per_s"],
+            100 * values["data_wait_frac"],
+        )
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The run's end: its summary and records to the trackers."""

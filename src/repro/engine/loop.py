@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,23 +20,18 @@ from repro.engine.ema import WeightAverage
 from repro.engine.evaluation import evaluate
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
-from repro.engine.metrics import Throughput, weights_sha256
+from repro.engine.losses import PendingLosses
+from repro.engine.metrics import Throughput
 from repro.engine.mixing import BatchMixer
 from repro.engine.position import Best, Position
 from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
 from repro.engine.step import OptimizerStep
-from repro.errors import CheckpointError, UserError
+from repro.errors import CheckpointError
 from repro.progress import progress_bar
 from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-
-log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(UserError):
-    """The loss became NaN or infinite: a diverged run, reported with its step."""
 
 
 @dataclass
@@ -78,6 +71,10 @@ class Trainer:
                 self.memory_format, self.settings, self.mixer, self.ema,
             )  # fmt: skip
         self.val_batches = Batches(self.val_loader)  # one iterator: its workers start once
+        self.losses = PendingLosses(
+            self.fingerprints, self.settings.fingerprint_every_steps, self.dist,
+            self.settings.world_invariant, self.checkpointer.folder,
+        )  # fmt: skip
         self._training_since = time.perf_counter()  # train_seconds counts from here
         self._saved_at: int | None = None  # the step of this attempt's last checkpoint
 
@@ -173,13 +170,12 @@ class Trainer:
         with StopRequest() as stop, progress_bar(self.settings.progress) as progress:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
-            losses: list[torch.Tensor] = []
             pos, cadence = self.position, Cadence.of(self.settings)
             while not self._finished():
                 waited = time.perf_counter()
                 images, labels = self.to_device(*next(batches))
                 throughput.waited(time.perf_counter() - waited, len(labels))
-                losses.append(self.train_step(images, labels))
+                self.losses.append(self.train_step(images, labels))
                 pos.batch += 1
                 pos.step += 1
                 if not progress.disable:
@@ -189,28 +185,28 @@ class Trainer:
                     torch.cuda.set_sync_debug_mode("warn")
                     watch_syncs = False
                 if pos.step % self.settings.fingerprint_every_steps == 0:
-                    self.flush_losses(losses)  # with a weights hash at this step
+                    self.flush_losses()  # with a weights hash at this step
                 epoch_ended = pos.batch == per_epoch
                 if epoch_ended:
                     pos.epoch, pos.batch = pos.epoch + 1, 0
                 if cadence.evaluate(pos, epoch_ended, self._finished()):
-                    self.evaluate_and_log(losses, throughput)
+                    self.evaluate_and_log(throughput)
                     if self._patience_spent():
                         self.stopped_early = True  # first: the checkpoint records it
-                        self.checkpoint(losses)
+                        self.checkpoint()
                         return
                 if cadence.checkpoint(pos, epoch_ended, self._finished()):
-                    self.checkpoint(losses)
+                    self.checkpoint()
                 signum = stop.agreed(pos.step, self.dist)
                 if signum is not None or pos.step == self.settings.halt_at_step:
-                    self.checkpoint(losses)
+                    self.checkpoint()
                     self.stopped_by = signum
                     return
             # Only when the loop never ran: a resume onto a checkpoint that was not evaluated
             # (trainer.max_steps lowered to it).
             if not self.last_eval or self.last_eval["step"] != pos.step:
-                self.evaluate_and_log(losses, throughput)
-                self.checkpoint(losses)
+                self.evaluate_and_log(throughput)
+                self.checkpoint()
 
     def _finished(self) -> bool:
         return self.stopped_early or self.position.step >= self.total_steps
@@ -226,38 +222,14 @@ class Trainer:
 
     # ---- bookkeeping -------------------------------------------------------------------
 
-    def flush_losses(self, losses: list[torch.Tensor]) -> None:
-        """Write pending per-step losses to the fingerprint log; stop on a non-finite one.
+    def flush_losses(self) -> None:
+        """Write the pending per-step losses to the fingerprint log; stop on a non-finite one."""
+        self.losses.flush(self.position, self.model)
 
-        Losses stay on the device between flushes so that steps never wait for the host.
-        """
-        if not losses:
-            return
-        stacked = torch.stack(losses).double()
-        if self.dist.enabled and not self.settings.world_invariant:  # the mean over ranks
-            stacked = distributed.sum_tensor(stacked, self.dist) / self.dist.world
-        values = stacked.cpu().tolist()
-        first_step = self.position.step - len(values) + 1
-        for offset, value in enumerate(values):
-            if not math.isfinite(value):
-                raise NonFiniteLossError(
-                    f"loss is {value} at step {first_step + offset}; the last good checkpoint "
-                    f"is kept in {self.checkpointer.folder} (lower optimizer.lr or set "
-                    "trainer.grad_clip)"
-                )
-        if self.dist.is_main:
-            hashed = self.position.step % self.settings.fingerprint_every_steps == 0
-            self.fingerprints.append(
-                first_step, values, weights_sha256(self.model) if hashed else ""
-            )
-        self.position.loss_sum += sum(values)
-        self.position.loss_count += len(values)
-        losses.clear()
-
-    def checkpoint(self, losses: list[torch.Tensor]) -> None:
+    def checkpoint(self) -> None:
         """Flush the pending losses, then save (unless `save_checkpoints` is off, or this
         state is on disk already: an epoch's or the run's end that is also a halt)."""
-        self.flush_losses(losses)
+        self.flush_losses()
         self._count_training_time()
         if self.settings.save_checkpoints and self._saved_at != self.position.step:
             self.save()
@@ -271,9 +243,9 @@ class Trainer:
         self.position.train_seconds += now - self._training_since
         self._training_since = now
 
-    def evaluate_and_log(self, losses: list[torch.Tensor], throughput: Throughput) -> None:
+    def evaluate_and_log(self, throughput: Throughput) -> None:
         """Flush the pending losses, evaluate, and write the metrics row and the log line."""
-        self.flush_losses(losses)
+        self.flush_losses()
         self._count_training_time()
         self._saved_at = None  # the evaluation changes the state a checkpoint holds
         images_per_s, wait_fraction = throughput.read()
@@ -301,18 +273,6 @@ class Trainer:
         self._track_best()
         if self.dist.is_main:
             self.metrics.row(self.last_eval)
-            log.info(
-                "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "
-                "%.0f img/s, %.1f%% waiting for data",
-                pos.epoch,
-                pos.step,
-                train_loss,
-                result["loss"],
-                result["acc"],
-                self.last_eval["lr"],
-                images_per_s,
-                100 * wait_fraction,
-            )
         throughput.reset()
         self._training_since = time.perf_counter()
 

@@ -1,0 +1,66 @@
+"""The per-step losses between two flushes: kept on the device so that steps never wait for
+the host, then written to fingerprints.csv in one copy, with a non-finite check."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from repro.engine.fingerprint_log import FingerprintLog
+from repro.engine.metrics import weights_sha256
+from repro.engine.position import Position
+from repro.errors import UserError
+from repro.runtime import distributed
+
+
+class NonFiniteLossError(UserError):
+    """The loss became NaN or infinite: a diverged run, reported with its step."""
+
+
+class PendingLosses:
+    """Losses of the steps since the last flush, each a 0-d tensor on the training device."""
+
+    def __init__(
+        self,
+        fingerprints: FingerprintLog,
+        hash_every_steps: int,
+        dist: distributed.Context,
+        world_invariant: bool,
+        checkpoints: Path,
+    ) -> None:
+        self.fingerprints, self.hash_every_steps = fingerprints, hash_every_steps
+        self.dist, self.world_invariant, self.checkpoints = dist, world_invariant, checkpoints
+        self.pending: list[torch.Tensor] = []
+
+    def append(self, loss: torch.Tensor) -> None:
+        self.pending.append(loss)
+
+    def flush(self, position: Position, model: nn.Module) -> None:
+        """Write the pending losses, which end at `position.step`, and add them to its sums;
+        a weights hash goes with a step on the hashing cadence. A non-finite loss stops the
+        run, naming its step."""
+        if not self.pending:
+            return
+        stacked = torch.stack(self.pending).double()
+        if self.dist.enabled and not self.world_invariant:  # the mean over ranks
+            stacked = distributed.sum_tensor(stacked, self.dist) / self.dist.world
+        values = stacked.cpu().tolist()
+        first_step = position.step - len(values) + 1
+        bad = next((i for i, value in enumerate(values) if not math.isfinite(value)), None)
+        if bad is not None:  # the steps before it are still logged, for verify and diff
+            if self.dist.is_main and bad:
+                self.fingerprints.append(first_step, values[:bad])
+            raise NonFiniteLossError(
+                f"loss is {values[bad]} at step {first_step + bad}; the last good "
+                f"checkpoint is kept in {self.checkpoints} (lower optimizer.lr or set "
+                "trainer.grad_clip)"
+            )
+        if self.dist.is_main:
+            hashed = position.step % self.hash_every_steps == 0
+            self.fingerprints.append(first_step, values, weights_sha256(model) if hashed else "")
+        position.loss_sum += sum(values)
+        position.loss_count += len(values)
+        self.pending.clear()
