@@ -160,7 +160,8 @@ EXACTNESS = ("suite=exactness", "suite.steps=5", "suite.checkpoint_every_steps=2
 def test_the_fp16_runs_drop_the_exact_preset_and_keep_its_other_settings(tmp_path):
     """On CUDA the suite's runs are under preset=exact, which refuses amp=fp16: the fp16
     check must leave the preset out (a GPU run found `preset=null` does not compose)."""
-    from repro.benchmarks.exactness import FP16_EXACT, Runner, merged
+    from repro.benchmarks.exactness import FP16_EXACT
+    from repro.benchmarks.runs import Runner, merged
 
     runner = Runner(tmp_path, ["preset=exact", "seed.value=3", "trainer.max_steps=5"], 60)
     overrides = merged(runner.without(("preset",)).overrides, list(FP16_EXACT))
