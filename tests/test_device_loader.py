@@ -153,6 +153,16 @@ def test_prepared_batches_pass_through_device_batches():
     assert again is normalised
 
 
+@pytest.mark.parametrize("shape", [(8, 3, 4, 4), (64, 3, 32, 32), (3, 3, 120, 120)])
+def test_cpu_normalisation_gives_one_ops_values_in_any_chunking(shape):
+    """One op for a small batch, chunks run in this thread for a larger one, one parallel
+    op for large images: every way, the values of a single whole-batch multiply-add."""
+    prepare = DeviceBatches(torch.device("cpu"), [0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
+    images = torch.randint(0, 256, shape, dtype=torch.uint8)
+    normalised, _ = prepare(images, torch.arange(shape[0]))
+    assert torch.equal(normalised, torch.mul(images, prepare.scale).add_(prepare.shift))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefetcher_gives_the_same_batches_on_the_gpu():
     from repro.runtime.transfer import Prefetcher

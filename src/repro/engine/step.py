@@ -51,7 +51,11 @@ class OptimizerStep:
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.precision.scaler
         total = None
-        micro = zip(images.chunk(pieces), labels.chunk(pieces), partners.chunk(pieces), strict=True)
+        if pieces == 1:  # the usual case, without the micro-batch split's Python per step
+            micro: Any = ((images, labels, partners),)
+        else:
+            chunks = images.chunk(pieces), labels.chunk(pieces), partners.chunk(pieces)
+            micro = zip(*chunks, strict=True)
         for index, (x, y, partner) in enumerate(micro):
             with self._gradient_sync(last=index == pieces - 1), self.precision.autocast():
                 loss = self._loss(self.forward_model(x), y, partner, weight)

@@ -3,6 +3,7 @@ side-stream prefetcher."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,16 +56,17 @@ class DeviceBatches:
             device=self.device,
             memory_format=self.memory_format if images.dim() == 4 else torch.contiguous_format,
         )
-        per_image = images[0].numel() if len(images) else 0
-        if self.device.type == "cpu" and 0 < per_image <= SERIAL_ELEMENTS:
-            return self._serial(images, out), labels
+        per_image = math.prod(images.shape[1:])
+        if self.device.type == "cpu" and 0 < per_image <= SERIAL_ELEMENTS < images.numel():
+            return self._serial(images, out, per_image), labels
         return torch.mul(images, self.scale, out=out).add_(self.shift), labels  # uint8 * float
 
-    def _serial(self, images: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _serial(self, images: torch.Tensor, out: torch.Tensor, per_image: int) -> torch.Tensor:
         """The same values on a CPU, in chunks that each run in this thread alone: a parallel
         op would wait at its barrier whenever a DataLoader worker holds one of the cores,
-        which made this small step cost several times its arithmetic."""
-        step = SERIAL_ELEMENTS // images[0].numel()
+        which made this small step cost several times its arithmetic. (A batch small enough
+        runs in this thread as one op.)"""
+        step = SERIAL_ELEMENTS // per_image
         for start in range(0, len(images), step):
             part = slice(start, start + step)
             torch.mul(images[part], self.scale, out=out[part]).add_(self.shift)
