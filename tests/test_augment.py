@@ -78,19 +78,22 @@ def test_a_yaml_list_of_torchvision_transforms_trains_the_same_for_any_worker_co
         run_dir.mkdir()
         hashes.append(repro.train.train(cfg, run_dir)["weights_sha256"])
     assert hashes[0] == hashes[1]
-    plain = train_in_process(tmp_path / "plain", *tiny("trainer.max_steps=4"))
+    plain = train_in_process(tmp_path / "plain", *tiny("trainer.epochs=2"))
     assert plain["weights_sha256"] != hashes[0], "the transforms must have changed the images"
 
 
-def test_cutout_trains_the_same_with_workers_or_the_device_loader(tmp_path):
-    run = tiny("trainer.max_steps=4", "augment.cutout=8")
+@pytest.mark.parametrize("augment", ["augment.cutout=8", "augment.flip=alternate"])
+def test_cutout_and_alternating_flips_train_the_same_with_workers_or_the_device_loader(
+    augment, tmp_path
+):
+    run = tiny("trainer.epochs=2", augment)  # flips turn over in the second epoch
     loaders = {"w0": "dataloader.num_workers=0", "w2": "dataloader.num_workers=2",
                "device": "dataloader=device"}  # fmt: skip
     hashes = {name: train_in_process(tmp_path / name, *run, loader)["weights_sha256"]
               for name, loader in loaders.items()}  # fmt: skip
     assert len(set(hashes.values())) == 1, hashes
-    plain = train_in_process(tmp_path / "plain", *tiny("trainer.max_steps=4"))
-    assert plain["weights_sha256"] != hashes["w0"], "the cutout must have changed the images"
+    plain = train_in_process(tmp_path / "plain", *tiny("trainer.epochs=2"))
+    assert plain["weights_sha256"] != hashes["w0"], f"{augment} must have changed the images"
 
 
 def test_mixing_is_keyed_on_the_batch_and_keeps_what_it_mixes():

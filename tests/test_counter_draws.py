@@ -3,6 +3,8 @@ for one sample or a batch, on the CPU or a GPU, and random enough to augment wit
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -56,6 +58,27 @@ def test_batched_crop_and_flip_give_the_per_sample_bytes():
     assert torch.equal(batched, torch.stack(one_by_one))
     plain = pipeline.batch(images[indices], SampleKeys(STREAM, 5, indices))
     assert torch.equal(plain, batched), "the gather table and the plain batch ops agree"
+
+
+def test_alternating_flips_turn_every_sample_over_each_epoch_the_same_per_sample_and_batched():
+    flip = transforms.HorizontalFlip(alternate=True)
+    indices = torch.arange(20_000)
+    flips = [flip.draw(SampleKeys(STREAM, epoch, indices)) for epoch in range(4)]
+    assert abs(flips[0].double().mean().item() - 0.5) < 0.01, "the first epoch at random"
+    for before, after in itertools.pairwise(flips):
+        assert torch.equal(after, ~before), "every sample the other way in the next epoch"
+    assert [flip.draw(SampleKeys(STREAM, 3, int(i))) for i in indices[:50]] == flips[3][
+        :50
+    ].tolist()
+    randomly = transforms.HorizontalFlip().draw(SampleKeys(STREAM, 1, indices))
+    assert not torch.equal(randomly, ~flips[0]), "random flips do not alternate"
+    images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
+    pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=2, flip="alternate")
+    picked = torch.tensor([7, 3, 41, 0])
+    for epoch in (0, 1):
+        batched = pipeline.over(images)(picked, SampleKeys(STREAM, epoch, picked))
+        one_by_one = [pipeline(images[i], SampleKeys(STREAM, epoch, int(i))) for i in picked]
+        assert torch.equal(batched, torch.stack(one_by_one))
 
 
 def test_cutout_zeroes_one_square_per_sample_the_same_per_sample_and_batched():

@@ -26,6 +26,7 @@ CHOICES = {
     "trainer.monitor_mode": ("max", "min"),
     "trainer.test_weights": ("best", "last", "ema"),
     "trainer.tta": ("none", "flip"),
+    "augment.flip": ("random", "alternate"),
     "logger.progress": ("auto", "on", "off"),
     "logger.wandb.mode": ("offline", "online", "disabled"),
 }

@@ -79,6 +79,7 @@ class DataConfig:
 @dataclass
 class AugmentConfig:
     crop_flip: bool = MISSING
+    flip: str = MISSING  # random | alternate
     cutout: int = MISSING  # > 0: a random square of this side set to zero (Cutout)
     transforms: list[Any] = MISSING  # torchvision.transforms.v2 nodes with a _target_
     mixup_alpha: float = MISSING

@@ -14,6 +14,7 @@ sample.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -171,13 +172,20 @@ class RandomCrop:
 
 
 class HorizontalFlip:
-    def __init__(self, p: float = 0.5) -> None:
-        self.p = p
+    """A mirror image with probability `p`; or, with `alternate`, each sample flipped at
+    random in the first epoch and then the other way in every epoch after: the network sees
+    every image both ways in any two epochs in a row, which random flips leave to chance."""
+
+    def __init__(self, p: float = 0.5, alternate: bool = False) -> None:
+        self.p, self.alternate = p, alternate
 
     def draw(self, keys: SampleKeys | None) -> Any:
         """Whether to flip: a bool for one sample, a bool tensor for a batch."""
         assert keys is not None
-        return keys.below(FLIP, self.p)
+        if not self.alternate:
+            return keys.below(FLIP, self.p)
+        first = replace(keys, epoch=keys.epoch * 0).below(FLIP, self.p)  # its epoch-0 draw
+        return first ^ (keys.epoch % 2 == 1)
 
     def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         return image.flip(-1) if self.draw(keys) else image
@@ -278,20 +286,24 @@ def build(
     crop_padding: int,
     *,
     crop_flip: bool = True,
+    flip: str = "random",
     cutout: int = 0,
     extra: Sequence[Callable[[torch.Tensor], torch.Tensor]] = (),
     resized: bool = False,
 ) -> Compose:
     """Train (augment=True) or eval pipeline for square `image_size` inputs: resize (unless
     the images were `resized` already, as a decoded cache holds them), then random crop and
-    flip (`crop_flip`), a `cutout` square and any torchvision transforms (`extra`) for
-    training, or a centre crop for evaluation."""
+    flip (`crop_flip`; `flip`: random or alternate), a `cutout` square and any torchvision
+    transforms (`extra`) for training, or a centre crop for evaluation."""
     steps: list[Transform] = []
     if resize is not None and not resized:
         steps.append(ResizeShorter(resize))
     if augment:
         if crop_flip:
-            steps += [RandomCrop(image_size, crop_padding), HorizontalFlip()]
+            steps += [
+                RandomCrop(image_size, crop_padding),
+                HorizontalFlip(alternate=flip == "alternate"),
+            ]
         if cutout:
             steps.append(Cutout(cutout))
         if extra:

@@ -41,6 +41,7 @@ MAY_CHANGE = (
 # a config of the user's without one, such as an optimizer file, means that value too).
 ADDED = {
     "augment.cutout": 0,
+    "augment.flip": "random",
     "trainer.tta": "none",
     "optimizer.decay_biases_and_norms": True,
     "trainer.init_weights": None,
