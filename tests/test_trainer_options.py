@@ -55,6 +55,29 @@ def test_biases_and_norm_weights_can_be_left_out_of_weight_decay():
             assert torch.allclose(parameter, expected, rtol=0, atol=1e-7), (decay_all, name)
 
 
+def test_biases_and_norm_weights_can_take_a_larger_step_at_the_same_decay_per_step():
+    lr, decay, scale = 0.5, 0.1, 4.0
+    cfg = compose_config(f"optimizer.lr_scale_biases_and_norms={scale}", f"optimizer.lr={lr}",
+                         f"optimizer.weight_decay={decay}", "optimizer.momentum=0",
+                         "optimizer.nesterov=false")  # fmt: skip
+    model = build.model(cfg, 0)
+    frozen = model.get_parameter(next(n for n, p in model.named_parameters() if p.ndim > 1))
+    frozen.requires_grad_(False)  # a fixed layer: no optimizer state, never moved
+    optimizer = build.optimizer(cfg, model, Precision("off", torch.device("cpu")))
+    assert all(p is not frozen for group in optimizer.param_groups for p in group["params"])
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+    for name, parameter in model.named_parameters():
+        if parameter is frozen:
+            assert torch.equal(parameter, before[name])
+            continue
+        step = lr * scale if parameter.ndim == 1 else lr
+        expected = before[name] - step - lr * decay * before[name]  # the same decay either way
+        assert torch.allclose(parameter, expected, rtol=0, atol=1e-6), name
+
+
 def test_leaving_norms_out_of_decay_trains_otherwise_and_resumes_exactly(tmp_path):
     run = tiny("trainer.epochs=2", "optimizer.decay_biases_and_norms=false")
     straight = train_in_process(tmp_path / "straight", *run)

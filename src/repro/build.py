@@ -48,14 +48,7 @@ def optimizer(cfg: Any, model: nn.Module, precision: Precision) -> torch.optim.O
     finds infs inside the step, instead of reading a flag on the host (a wait for the GPU)
     every step."""
     settings = OmegaConf.to_container(cfg.optimizer, resolve=True)
-    decay_all = settings.pop("decay_biases_and_norms", True)
-    if not isinstance(decay_all, bool):
-        raise ConfigError("optimizer.decay_biases_and_norms", decay_all, "true or false")
-    params: Any = model.parameters()
-    if not decay_all:  # biases and normalisation weights: the parameters of one dimension
-        decayed = [p for p in model.parameters() if p.ndim > 1]
-        undecayed = [p for p in model.parameters() if p.ndim <= 1]
-        params = [{"params": decayed}, {"params": undecayed, "weight_decay": 0.0}]
+    params: Any = _parameter_groups(model, settings)
     options: dict[str, Any] = {}
     wants_fused = precision.mode == "fp16" and precision.device.type == "cuda"
     if wants_fused and cfg.optimizer.get("fused") is None:
@@ -101,6 +94,41 @@ def pipelines(cfg: Any, resized: bool = False) -> tuple[transforms.Compose, tran
         crop_flip=crop_flip, flip=flip, cutout=cutout, extra=extra, resized=resized,
     )  # fmt: skip
     return train, transforms.build(False, size, resize, pad, resized=resized)
+
+
+def _parameter_groups(model: nn.Module, settings: dict[str, Any]) -> list[Any]:
+    """The trained parameters (a frozen one, such as a fixed whitening layer, needs no
+    optimizer state), in one group, or two when the parameters of one dimension (biases and
+    normalisation weights) get no weight decay (`decay_biases_and_norms=false`) or a scaled
+    learning rate (`lr_scale_biases_and_norms`). Both keys are the template's: they are taken
+    out of `settings` before the optimizer class sees them."""
+    decay_all = settings.pop("decay_biases_and_norms", True)
+    if not isinstance(decay_all, bool):
+        raise ConfigError("optimizer.decay_biases_and_norms", decay_all, "true or false")
+    scale = settings.pop("lr_scale_biases_and_norms", 1.0)
+    if not isinstance(scale, int | float) or isinstance(scale, bool) or scale <= 0:
+        raise ConfigError("optimizer.lr_scale_biases_and_norms", scale, "a number > 0")
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if decay_all and scale == 1:
+        return trained
+    small: dict[str, Any] = {"params": [p for p in trained if p.ndim <= 1]}
+    if scale != 1:
+        if "lr" not in settings:
+            raise ConfigError("optimizer.lr", None, "a number with lr_scale_biases_and_norms")
+        # A larger step at the same decay per step: lr x weight_decay is kept.
+        small["lr"] = settings["lr"] * scale
+        small["weight_decay"] = _weight_decay(settings) / scale
+    if not decay_all:
+        small["weight_decay"] = 0.0
+    return [{"params": [p for p in trained if p.ndim > 1]}, small]
+
+
+def _weight_decay(settings: dict[str, Any]) -> float:
+    """The optimizer's weight decay: as configured, or its class's default."""
+    if "weight_decay" in settings:
+        return float(settings["weight_decay"])
+    default = inspect.signature(get_class(settings["_target_"])).parameters.get("weight_decay")
+    return float(default.default) if default is not None else 0.0
 
 
 def torchvision_transforms(nodes: Any) -> list[Any]:

@@ -44,6 +44,7 @@ ADDED = {
     "augment.flip": "random",
     "trainer.tta": "none",
     "optimizer.decay_biases_and_norms": True,
+    "optimizer.lr_scale_biases_and_norms": 1.0,
     "trainer.init_weights": None,
 }
 
