@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/benchmarks.md, measured again on this machine's GPU:
 #
-#   bash scripts/gpu_figures.sh IMAGES OUT [speedrun|throughput|overhead|data|all]
+#   bash scripts/gpu_figures.sh IMAGES OUT [speedrun|airbench|throughput|overhead|data|all]
 #
 # IMAGES: CIFAR-10 as an image folder (IMAGES/train/<class>/*, IMAGES/test/<class>/*), decoded
-# into memory by each speedrun and throughput run (data.cache=memory); the overhead and data
+# into memory by each recipe and throughput run (data.cache=memory); the overhead and data
 # parts use the built-in synthetic data. OUT: where the runs and the tables go; each part
 # writes its table (markdown) to OUT/<part>.md, and every ratio in a table comes from runs of
 # the same call. Use a new OUT each time: a run folder that holds a finished run is not run
@@ -17,19 +17,22 @@ python=${PYTHON:-python}
 mkdir -p "$out"
 
 # CIFAR-10's statistics and split, from image files: 45,000 train, 5,000 validation, 10,000 test.
+# (The crop padding of data=cifar10, which these runs replace: each recipe names its own.)
 cifar=(data=imagefolder "data.root=$images" data.cache=memory data.resize=null
-       data.crop_padding=4 data.val_size=5000 "data.mean=[0.4914,0.4822,0.4465]"
+       data.val_size=5000 "data.mean=[0.4914,0.4822,0.4465]"
        "data.std=[0.2470,0.2435,0.2616]" logger.progress=off)
 
-speedrun() {
-    # Three seeds without and with torch.compile: test accuracy and seconds of training.
+recipe() {
+    # An experiment's three seeds without and with torch.compile: test accuracy and seconds
+    # of training. $1: the experiment, $2: the part's name, $3: its crop padding.
     for compile in false true; do
         for seed in 0 1 2; do
-            "$python" -m repro.train experiment=cifar10_speedrun "${cifar[@]}" "seed=$seed" \
-                "trainer.compile=$compile" "hydra.run.dir=$out/speedrun/compile-$compile/seed-$seed"
+            "$python" -m repro.train "experiment=$1" "${cifar[@]}" "data.crop_padding=$3" \
+                "seed=$seed" "trainer.compile=$compile" \
+                "hydra.run.dir=$out/$2/compile-$compile/seed-$seed"
         done
     done
-    "$python" - "$out/speedrun" <<'EOF' | tee "$out/speedrun.md"
+    "$python" - "$out/$2" <<'EOF' | tee "$out/$2.md"
 import json, statistics, sys
 from pathlib import Path
 print("| compile | seed | train_s | val_acc | test_acc |\n|---|---|---|---|---|")
@@ -44,10 +47,15 @@ for folder in sorted(Path(sys.argv[1]).iterdir()):
 EOF
 }
 
+speedrun() { recipe cifar10_speedrun speedrun 4; }
+
+airbench() { recipe cifar10_airbench airbench 2; }
+
 throughput() {
     # ResNet-18 for CIFAR: the plain row (contiguous, fp32, worker loading) against the fast
     # path, in one suite=knobs call.
-    "$python" -m repro.bench suite=knobs experiment=cifar10_resnet18 "${cifar[@]}" preset=fast \
+    "$python" -m repro.bench suite=knobs experiment=cifar10_resnet18 "${cifar[@]}" \
+        data.crop_padding=4 preset=fast \
         suite.timed_steps=100 suite.warmup_steps=10 \
         'suite.rows=[{loader:2},{memory_format:channels_last,amp:bf16,loader:device,cudnn_benchmark:true,compile:true}]' \
         "hydra.run.dir=$out/throughput"
@@ -69,7 +77,10 @@ data() {
 }
 
 case $part in
-    all) speedrun; throughput; overhead; data ;;
-    speedrun | throughput | overhead | data) "$part" ;;
-    *) echo "error: part=$part is not one of speedrun, throughput, overhead, data, all" >&2; exit 2 ;;
+    all) speedrun; airbench; throughput; overhead; data ;;
+    speedrun | airbench | throughput | overhead | data) "$part" ;;
+    *)
+        echo "error: part=$part is not one of speedrun, airbench, throughput, overhead, data, all" >&2
+        exit 2
+        ;;
 esac

@@ -42,6 +42,21 @@ def model(cfg: Any, root_seed: int) -> nn.Module:
     return built
 
 
+def fit_to_data(model: nn.Module, cfg: Any, data: Splits) -> None:
+    """A model that starts from statistics of its training data (a `fit_to_data` method, as
+    the whitening layer of `whitened_cnn` has) gets its first `fit_images` training images,
+    through the evaluation transform (no augmentation) and normalised as batches are, on the
+    CPU: the same on every rank, device and loader."""
+    fit = getattr(model, "fit_to_data", None)
+    if fit is None:
+        return
+    count = min(len(data.train), int(getattr(model, "fit_images", len(data.train))))
+    _, eval_transform = pipelines(cfg, resized=data.resized)
+    images = torch.stack([eval_transform(data.train[index][0], None) for index in range(count)])
+    normalised, _ = device_batches(cfg, torch.device("cpu"))(images, torch.zeros(count))
+    fit(normalised)
+
+
 def optimizer(cfg: Any, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
     """Instantiate `cfg.optimizer` over the model's parameters. With amp=fp16 on a GPU and
     `optimizer.fused` unset, the fused implementation where torch has one: GradScaler then

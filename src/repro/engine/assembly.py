@@ -94,6 +94,7 @@ def build_parts(
     context = LoaderContext(root_seed, rank, world, knobs.device, pin_memory)
     train_loader, sampler, val_loader = build.loaders(cfg, data, context)
     model = build.model(cfg, root_seed)
+    build.fit_to_data(model, cfg, data)  # before init_weights or a resume, which overwrite it
     initialised = None
     if cfg.trainer.init_weights is not None and initialise:
         path = Path(cfg.trainer.init_weights).expanduser()

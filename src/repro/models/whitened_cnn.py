@@ -1,0 +1,99 @@
+"""A small network for fast CIFAR-10 training, after the design of Keller Jordan's airbench:
+a fixed first layer that whitens the 2x2 patches of the training images, three conv groups
+whose batch norms learn shifts only, and a max-pooled linear head.
+
+whiten (2x2, 24 filters, fixed) -> GELU -> group(64) -> group(256) -> group(256) ->
+global max-pool -> linear, the logits scaled down (about 2M parameters). A group: conv,
+max-pool, BN, GELU, conv, BN, GELU. Each 3x3 conv starts as the identity on its first input
+channels (dirac), so that the untrained network passes its input through.
+
+The whitening filters come from the data: the template calls `fit_to_data` with the first
+`fit_images` training images (normalised, not augmented) after building the model. They are
+part of the state dict, so a resumed or evaluated checkpoint does not fit them again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from repro.models.resnet9 import GlobalMaxPool, Scale
+
+
+class PatchWhitening(nn.Conv2d):
+    """A fixed `size` x `size` conv whose filters are the eigenvectors of the training
+    patches' second-moment matrix, each scaled by 1 / sqrt(its eigenvalue + eps), and their
+    negatives: its outputs are decorrelated, unit-variance features of the patches (and,
+    through a GELU, their positive and negative parts). Only the bias is trained."""
+
+    def __init__(self, channels: int = 3, size: int = 2, eps: float = 5e-4) -> None:
+        super().__init__(channels, 2 * channels * size * size, size, bias=True)
+        self.weight.requires_grad_(False)
+        self.eps = eps
+
+    @torch.no_grad()
+    def fit(self, images: torch.Tensor, chunk: int = 500) -> None:
+        """Set the filters from normalised (N, C, H, W) images. In float64 on the CPU, so the
+        same images give the same filters whatever device trains."""
+        size = self.kernel_size[0]
+        features = self.in_channels * size * size
+        moment = torch.zeros(features, features, dtype=torch.float64)
+        count = 0
+        for start in range(0, len(images), chunk):  # a chunk's patches, not all of them, in memory
+            part = images[start : start + chunk].to("cpu", torch.float64)
+            patches = part.unfold(2, size, 1).unfold(3, size, 1)  # N, C, H', W', size, size
+            flat = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, features)
+            moment += flat.T @ flat
+            count += len(flat)
+        eigenvalues, eigenvectors = torch.linalg.eigh(moment / count)
+        order = eigenvalues.argsort(descending=True)
+        scaled = eigenvectors[:, order] / (eigenvalues[order] + self.eps).sqrt()
+        filters = scaled.T.reshape(features, self.in_channels, size, size)
+        self.weight.copy_(torch.cat([filters, -filters]).to(self.weight))
+
+
+def conv(cin: int, cout: int) -> nn.Conv2d:
+    layer = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+    with torch.no_grad():
+        nn.init.dirac_(layer.weight[:cin])  # the first cin filters pass their channel through
+    return layer
+
+
+def norm(channels: int, momentum: float) -> nn.BatchNorm2d:
+    """Batch norm with its scale fixed at 1: only the shift is learned."""
+    layer = nn.BatchNorm2d(channels, momentum=momentum, eps=1e-12)
+    layer.weight.requires_grad_(False)
+    return layer
+
+
+class ConvGroup(nn.Sequential):
+    def __init__(self, cin: int, cout: int, momentum: float) -> None:
+        super().__init__(
+            conv(cin, cout), nn.MaxPool2d(2), norm(cout, momentum), nn.GELU(),
+            conv(cout, cout), norm(cout, momentum), nn.GELU(),
+        )  # fmt: skip
+
+
+class WhitenedCNN(nn.Sequential):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        widths: tuple[int, int, int] = (64, 256, 256),
+        bn_momentum: float = 0.4,
+        scale: float = 1 / 9,
+        fit_images: int = 5000,
+    ) -> None:
+        first, second, third = widths
+        whiten = PatchWhitening()
+        super().__init__(
+            whiten, nn.GELU(),
+            ConvGroup(whiten.out_channels, first, bn_momentum),
+            ConvGroup(first, second, bn_momentum),
+            ConvGroup(second, third, bn_momentum),
+            GlobalMaxPool(), nn.Linear(third, num_classes, bias=False), Scale(scale),
+        )  # fmt: skip
+        self.fit_images = fit_images
+
+    def fit_to_data(self, images: torch.Tensor) -> None:
+        """Whiten the patches of `images`: normalised training images, not augmented."""
+        self[0].fit(images)

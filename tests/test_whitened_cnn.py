@@ -1,0 +1,67 @@
+"""model=whitened_cnn: a first layer fitted to the training data, and what stays fixed."""
+
+from __future__ import annotations
+
+import torch
+
+from repro import build
+from repro.engine.checkpoint import load
+from repro.models.whitened_cnn import PatchWhitening
+
+from conftest import compose_config, tiny, train_in_process
+
+WHITENED = ("model=whitened_cnn", "model.widths=[8,16,16]", "model.fit_images=200")
+
+
+def test_the_fitted_filters_decorrelate_the_patches_they_were_fitted_to():
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(300, 1, 9, 9, generator=generator)
+    # Strongly correlated channels and neighbours, with variances far above eps.
+    images = torch.cat([base, 0.8 * base + 0.2 * torch.randn(300, 1, 9, 9), -base], dim=1)
+    images = images + 0.5 * images.roll(1, dims=3)
+    whiten = PatchWhitening(eps=1e-6)
+    whiten.fit(images, chunk=64)  # the second moment is summed over chunks
+    features = torch.nn.functional.conv2d(images, whiten.weight)[:, :12]  # without the bias
+    flat = features.permute(1, 0, 2, 3).reshape(12, -1).double()
+    moment = flat @ flat.T / flat.shape[1]
+    informative = torch.linalg.eigvalsh(moment) > 0.5  # directions the data has at all
+    assert informative.sum() >= 8
+    assert torch.allclose(moment.diagonal()[moment.diagonal() > 0.5], torch.tensor(1.0).double(),
+                          atol=0.02)  # fmt: skip
+    off_diagonal = moment - torch.diag(moment.diagonal())
+    assert off_diagonal.abs().max() < 0.02
+    assert torch.equal(whiten.weight[12:], -whiten.weight[:12]), "each filter and its negative"
+
+
+def test_the_model_is_fitted_to_the_first_training_images_when_a_run_starts():
+    cfg = compose_config(*tiny(*WHITENED))
+    data = build.splits(cfg, 0)
+    model = build.model(cfg, 0)
+    unfitted = model[0].weight.clone()
+    build.fit_to_data(model, cfg, data)
+    assert not torch.equal(model[0].weight, unfitted)
+    expected = PatchWhitening()
+    first = torch.stack([data.train[i][0] for i in range(200)])
+    expected.fit(build.device_batches(cfg, torch.device("cpu"))(first, torch.zeros(200))[0])
+    assert torch.equal(model[0].weight, expected.weight)
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert "0.weight" not in trained and "0.bias" in trained
+    assert not any(name.endswith("weight") and "2.2" in name for name in trained), "BN scales"
+
+
+def test_fixed_tensors_stay_put_and_the_run_is_exact_across_loaders_and_a_resume(tmp_path):
+    run = tiny(*WHITENED, "trainer.epochs=2", "optimizer.lr_scale_biases_and_norms=8")
+    straight = train_in_process(tmp_path / "straight", *run)
+    device = train_in_process(tmp_path / "device", *run, "dataloader=device")
+    assert device["weights_sha256"] == straight["weights_sha256"]
+    train_in_process(tmp_path / "resumed", *run, "trainer.halt_at_step=7")
+    resumed = train_in_process(tmp_path / "resumed", *run)
+    assert resumed["resumed_from_step"] == 7
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    cfg = compose_config(*run)
+    model = build.model(cfg, int(straight["seed"]))
+    build.fit_to_data(model, cfg, build.splits(cfg, int(straight["seed"])))
+    weights = load(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    assert torch.equal(weights["0.weight"], model[0].weight), "the whitening is never trained"
+    assert torch.equal(weights["2.2.weight"], torch.ones(8)), "nor the batch norms' scales"
+    assert not torch.equal(weights["2.2.bias"], torch.zeros(8)), "their shifts are"
