@@ -186,6 +186,19 @@ def test_flip_averaging_evaluates_each_image_and_its_mirror_image():
     assert result["acc"] == (expected.argmax(1) == labels).sum().item() / len(labels)
 
 
+def test_shifted_views_add_one_pixel_translations_with_the_edge_reflected():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 3 * 4, 5))
+    images = torch.randn(6, 2, 3, 4)
+    rows, cols = [1, 0, 1, 2, 1], [1, 0, 1, 2, 3, 2]  # reflect-padded rows and columns
+    up_left = images[:, :, rows[:3]][:, :, :, cols[:4]]  # content moves down and right
+    down_right = images[:, :, rows[2:]][:, :, :, cols[2:]]
+    views = [images, up_left, down_right]
+    flip = [predict(model, view, "flip") for view in views]
+    expected = (flip[0] + (flip[1] + flip[2]) / 2) / 2
+    assert torch.allclose(predict(model, images, "flip_translate"), expected, atol=1e-6)
+
+
 def test_tta_changes_every_evaluation_and_never_the_weights(tmp_path):
     last = "trainer.test_weights=last"  # both test the same weights
     plain = train_in_process(tmp_path / "plain", *TWO_EPOCHS, last)

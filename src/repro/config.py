@@ -25,7 +25,7 @@ CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.monitor_mode": ("max", "min"),
     "trainer.test_weights": ("best", "last", "ema"),
-    "trainer.tta": ("none", "flip"),
+    "trainer.tta": ("none", "flip", "flip_translate"),
     "augment.flip": ("random", "alternate"),
     "logger.progress": ("auto", "on", "off"),
     "logger.wandb.mode": ("offline", "online", "disabled"),

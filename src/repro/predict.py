@@ -1,7 +1,7 @@
 """Predict the classes of image files with a trained checkpoint:
 
     python -m repro.predict ckpt=PATH images=FOLDER_OR_FILE [out=predictions.csv] [top_k=1]
-        [device=auto] [batch_size=N] [tta=none|flip] [overwrite=false]
+        [device=auto] [batch_size=N] [tta=none|flip|flip_translate] [overwrite=false]
 
 Each image goes through the run's evaluation transform (resized to the run's size if it
 comes in another) and the model, as `repro.evaluate` runs it. `out` gets one CSV row per

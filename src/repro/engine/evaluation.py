@@ -1,4 +1,5 @@
-"""Evaluation: loss and accuracy of a model over a split, optionally with test-time flips."""
+"""Evaluation: loss and accuracy of a model over a split, optionally with test-time
+augmentation (flips, and one-pixel shifts)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,30 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional
 
 from repro.runtime import distributed
 
 
 def predict(model: nn.Module, images: torch.Tensor, tta: str = "none") -> torch.Tensor:
-    """Float32 logits of `images`; with `tta="flip"`, the mean of the logits of each image
-    and of its mirror image (left-right), as fast CIFAR-10 training evaluates."""
-    logits = model(images).float()
-    if tta == "flip":
-        logits = (logits + model(images.flip(-1)).float()) / 2
+    """Float32 logits of `images`. With `tta="flip"`, the mean of the logits of each image
+    and of its mirror image (left-right), as fast CIFAR-10 training evaluates; with
+    `"flip_translate"`, half that and half the same mean over two copies shifted by one pixel
+    (up and left, down and right; the edge reflected in), as airbench evaluates."""
+    if tta == "none":
+        return model(images).float()
+    logits = _with_mirror(model, images)
+    if tta == "flip_translate":
+        padded = functional.pad(images, (1, 1, 1, 1), mode="reflect")
+        height, width = images.shape[-2:]
+        shifted = [padded[..., :height, :width], padded[..., 2:, 2:]]
+        moved = (_with_mirror(model, shifted[0]) + _with_mirror(model, shifted[1])) / 2
+        logits = (logits + moved) / 2
     return logits
+
+
+def _with_mirror(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    return (model(images).float() + model(images.flip(-1)).float()) / 2
 
 
 @torch.no_grad()
