@@ -108,10 +108,10 @@ def main(argv: list[str]) -> None:
         )
     except UserError as error:
         exit_with(error)
-    flips = ", flip test-time augmentation" if result["tta"] == "flip" else ""
+    views = f", {result['tta']} test-time augmentation" if result["tta"] != "none" else ""
     print(
         f"{result['split']}: loss {result['loss']:.4f}  acc {result['acc']:.4f}  "
-        f"({result['images']} images, checkpoint step {result['step']}{flips})"
+        f"({result['images']} images, checkpoint step {result['step']}{views})"
     )
     for row in result.get("per_class", []):
         shown = "-" if row["acc"] is None else f"{row['acc']:.4f}"
