@@ -104,3 +104,20 @@ def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer():
     assert logits.shape == (2, 10)
     logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_airbench_recipe_runs_end_to_end(tmp_path):
+    cfg = compose_config("experiment=cifar10_airbench")
+    assert (cfg.model._target_.endswith("WhitenedCNN"), cfg.augment.flip, cfg.trainer.tta) == (
+        True, "alternate", "flip",
+    )  # fmt: skip
+    groups = build.optimizer(cfg, build.model(cfg, 0), Precision("bf16", torch.device("cpu")))
+    assert [group["lr"] for group in groups.param_groups] == [1.5, 1.5 * 64]
+    # Its whole pipeline on a little synthetic data: the fit, the device loader, the fused
+    # optimizer, alternating flips, test-time flips.
+    summary = train_in_process(
+        tmp_path, "experiment=cifar10_airbench", "data=synthetic", "data.train_size=256",
+        "data.val_size=64", "data.test_size=64", "trainer.batch_size=64", "trainer.epochs=2",
+        "model.widths=[8,16,16]", "model.fit_images=64", "trainer.device=cpu", "logger.plot=false",
+    )  # fmt: skip
+    assert summary["completed"] and summary["total_steps"] == 8 and 0 <= summary["test_acc"] <= 1
