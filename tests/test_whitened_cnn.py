@@ -6,7 +6,7 @@ import torch
 
 from repro import build
 from repro.engine.checkpoint import load
-from repro.models.whitened_cnn import PatchWhitening
+from repro.models.whitened_cnn import PatchWhitening, WhitenedCNN
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -65,3 +65,16 @@ def test_fixed_tensors_stay_put_and_the_run_is_exact_across_loaders_and_a_resume
     assert torch.equal(weights["0.weight"], model[0].weight), "the whitening is never trained"
     assert torch.equal(weights["2.2.weight"], torch.ones(8)), "nor the batch norms' scales"
     assert not torch.equal(weights["2.2.bias"], torch.zeros(8)), "their shifts are"
+
+
+def test_compiled_in_bf16_the_gradients_stay_finite():
+    """The head once took a global max with `amax`, whose compiled bf16 backward gave NaN."""
+    torch.manual_seed(0)
+    model = WhitenedCNN(widths=(8, 16, 16))
+    images, labels = torch.randn(32, 3, 32, 32), torch.arange(32) % 10
+    model.fit_to_data(images)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(torch.compile(model)(images), labels)
+    loss.backward()
+    gradients = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in gradients)
