@@ -27,9 +27,14 @@ recipe() {
     # of training. $1: the experiment, $2: the part's name, $3: its crop padding.
     for compile in false true; do
         for seed in 0 1 2; do
+            # A failed run (a diverged loss, a compiler error) is reported in the table, and
+            # the other runs still go ahead.
             "$python" -m repro.train "experiment=$1" "${cifar[@]}" "data.crop_padding=$3" \
                 "seed=$seed" "trainer.compile=$compile" \
-                "hydra.run.dir=$out/$2/compile-$compile/seed-$seed"
+                "hydra.run.dir=$out/$2/compile-$compile/seed-$seed" || {
+                mkdir -p "$out/$2/compile-$compile/seed-$seed"
+                echo failed > "$out/$2/compile-$compile/seed-$seed/failed"
+            }
         done
     done
     "$python" - "$out/$2" <<'EOF' | tee "$out/$2.md"
@@ -37,13 +42,19 @@ import json, statistics, sys
 from pathlib import Path
 print("| compile | seed | train_s | val_acc | test_acc |\n|---|---|---|---|---|")
 for folder in sorted(Path(sys.argv[1]).iterdir()):
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("seed-*/summary.json"))]
-    for run in runs:
+    runs = []
+    for seed in sorted(folder.glob("seed-*")):
+        if (seed / "failed").exists() or not (seed / "summary.json").exists():
+            print(f"| {folder.name} | {seed.name} | failed | | |")
+            continue
+        run = json.loads((seed / "summary.json").read_text())
+        runs.append(run)
         print(f"| {folder.name} | {run['seed']} | {run['train_s']:.2f} | {run['val_acc']:.4f} "
               f"| {run['test_acc']:.4f} |")
-    mean = statistics.mean(run["test_acc"] for run in runs)
-    seconds = statistics.mean(run["train_s"] for run in runs)
-    print(f"| {folder.name} | mean | {seconds:.2f} | | **{mean:.4f}** |")
+    if runs:
+        mean = statistics.mean(run["test_acc"] for run in runs)
+        seconds = statistics.mean(run["train_s"] for run in runs)
+        print(f"| {folder.name} | mean of {len(runs)} | {seconds:.2f} | | **{mean:.4f}** |")
 EOF
 }
 
