@@ -114,6 +114,15 @@ def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
         (["augment.cutout=-1"], "augment.cutout"),
         (["optimizer.decay_biases_and_norms=maybe"], "optimizer.decay_biases_and_norms"),
         (["optimizer.lr_scale_biases_and_norms=0"], "optimizer.lr_scale_biases_and_norms"),
+        (
+            [
+                "optimizer._target_=torch.optim.Nope",
+                "~optimizer.weight_decay",
+                "optimizer.lr_scale_biases_and_norms=2",
+            ],
+            "optimizer._target_",
+        ),
+        (["augment.flip=sometimes"], "augment.flip"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(overrides, key, tmp_path):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from repro import build
 from repro.engine.checkpoint import load
+from repro.errors import ConfigError
 from repro.models.whitened_cnn import PatchWhitening, WhitenedCNN
 
 from conftest import compose_config, tiny, train_in_process
@@ -44,6 +46,9 @@ def test_the_model_is_fitted_to_the_first_training_images_when_a_run_starts():
     first = torch.stack([data.train[i][0] for i in range(200)])
     expected.fit(build.device_batches(cfg, torch.device("cpu"))(first, torch.zeros(200))[0])
     assert torch.equal(model[0].weight, expected.weight)
+    model.fit_images = 0
+    with pytest.raises(ConfigError, match=r"model\.fit_images=0"):
+        build.fit_to_data(model, cfg, data)
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
     assert "0.weight" not in trained and "0.bias" in trained
     assert not any(name.endswith("weight") and "2.2" in name for name in trained), "BN scales"

@@ -50,7 +50,10 @@ def fit_to_data(model: nn.Module, cfg: Any, data: Splits) -> None:
     fit = getattr(model, "fit_to_data", None)
     if fit is None:
         return
-    count = min(len(data.train), int(getattr(model, "fit_images", len(data.train))))
+    wanted = getattr(model, "fit_images", len(data.train))
+    if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1:
+        raise ConfigError("model.fit_images", wanted, "an integer >= 1")
+    count = min(len(data.train), wanted)
     _, eval_transform = pipelines(cfg, resized=data.resized)
     images = torch.stack([eval_transform(data.train[index][0], None) for index in range(count)])
     normalised, _ = device_batches(cfg, torch.device("cpu"))(images, torch.zeros(count))
@@ -142,7 +145,13 @@ def _weight_decay(settings: dict[str, Any]) -> float:
     """The optimizer's weight decay: as configured, or its class's default."""
     if "weight_decay" in settings:
         return float(settings["weight_decay"])
-    default = inspect.signature(get_class(settings["_target_"])).parameters.get("weight_decay")
+    try:
+        target = get_class(settings["_target_"])
+    except Exception as error:  # a misspelt class: the user's to fix, in one line
+        raise ConfigError(
+            "optimizer._target_", settings["_target_"], f"cannot import it: {error}"
+        ) from None
+    default = inspect.signature(target).parameters.get("weight_decay")
     return float(default.default) if default is not None else 0.0
 
 

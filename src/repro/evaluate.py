@@ -1,8 +1,8 @@
 """Evaluate a checkpoint: `python -m repro.evaluate ckpt=PATH [split=test] [device=auto]`.
 
 The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
-may point at the data's new place on this machine, and `tta=none|flip|flip_translate` overrides the
-run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
+may point at the data's new place on this machine, `tta=none|flip|flip_translate` overrides
+the run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
 matrix. Prints loss and accuracy; with `out=FILE`, also writes them as JSON (an existing file
 is refused before any work unless `overwrite=true`).
 """

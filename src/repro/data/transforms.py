@@ -184,7 +184,7 @@ class HorizontalFlip:
         assert keys is not None
         if not self.alternate:
             return keys.below(FLIP, self.p)
-        first = replace(keys, epoch=keys.epoch * 0).below(FLIP, self.p)  # its epoch-0 draw
+        first = replace(keys, epoch=0).below(FLIP, self.p)  # the sample's first-epoch draw
         return first ^ (keys.epoch % 2 == 1)
 
     def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
