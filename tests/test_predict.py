@@ -47,13 +47,15 @@ def test_the_command_writes_its_csv_and_refuses_bad_arguments(trained, tmp_path)
         rows = list(csv.DictReader(handle))
     assert len(rows) == 36 and list(rows[0]) == ["path", "class", "probability"]
     written, fresh = out.read_bytes(), tmp_path / "unwritten.csv"
+    unmade = tmp_path / "unmade" / "p.csv"  # its folder is made only when the CSV is written
     refused = [
         ([f"ckpt={ckpt}", f"images={images}", f"out={out}"], "does not exist yet"),
         ([f"ckpt={ckpt}", f"images={images}", f"out={tmp_path}"], "this is a folder"),
         ([f"ckpt={ckpt}", f"images={images}", f"out={out}", "overwrite=maybe"], "overwrite="),
         ([f"images={images}"], "ckpt"),
         ([f"ckpt={ckpt}"], "images"),
-        ([f"ckpt={ckpt}", f"images={tmp_path / 'none'}", f"out={fresh}"], "no such file"),
+        ([f"ckpt={ckpt}", f"images={tmp_path / 'none'}", f"out={unmade}"], "no such file"),
+        ([f"ckpt={ckpt}", f"images={images}", f"out={out / 'p.csv'}"], "no writable folder"),
         ([f"ckpt={ckpt}", f"images={images}", "top_k=4", f"out={fresh}"], "top_k=4"),
     ]
     for args, message in refused:
@@ -61,6 +63,7 @@ def test_the_command_writes_its_csv_and_refuses_bad_arguments(trained, tmp_path)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr
     assert out.read_bytes() == written and not fresh.exists()  # refused: nothing written
+    assert not unmade.parent.exists()
     args = f"ckpt={ckpt}", f"images={images / 'val' / 'bar'}", f"out={out}", "overwrite=true"
     assert run_cli("repro.predict", *args).returncode == 0
     assert out.read_text().count("\n") == 1 + 12

@@ -13,7 +13,9 @@ from typing import Any
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary name beside `path` to write to: when the block ends it replaces `path` in
-    one step; if the block raises, it is removed and `path` is left as it was."""
+    one step; if the block raises, it is removed and `path` is left as it was. A missing
+    folder is made first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,8 @@ def arguments(argv: list[str], allowed: set[str]) -> DictConfig:
 
 def output_file(name: str, overwrite: object = False) -> Path:
     """Where a checkpoint command writes its result, checked before any work: an existing file
-    is never replaced unless `overwrite` is true, and a missing folder is made."""
+    is never replaced unless `overwrite` is true, and a missing folder must be one that can be
+    made. Nothing is created here: a command that fails later leaves no trace."""
     out = Path(name)
     if not isinstance(overwrite, bool):
         raise ConfigError("overwrite", overwrite, "true or false")
@@ -98,8 +100,8 @@ def output_file(name: str, overwrite: object = False) -> Path:
         raise ConfigError("out", name, "a file name; this is a folder")
     if out.exists() and not overwrite:
         raise ConfigError("out", name, "a file that does not exist yet, or add overwrite=true")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError("out", name, f"a file in a folder that can be made ({error})") from None
+    existing = next(folder for folder in out.absolute().parents if folder.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        allowed = f"a file in a folder that can be made ({existing} is no writable folder)"
+        raise ConfigError("out", name, allowed)
     return out
