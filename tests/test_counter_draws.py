@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from repro.data import transforms
+from repro.data.batching import over
 from repro.data.loader import TrainView
 from repro.data.sources import TensorImages
 from repro.runtime import seeding
@@ -53,7 +54,7 @@ def test_batched_crop_and_flip_give_the_per_sample_bytes():
     images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
     pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=2)
     indices = torch.tensor([7, 3, 3, 41, 0, 12])
-    batched = pipeline.over(images)(indices, SampleKeys(STREAM, 5, indices))
+    batched = over(pipeline, images)(indices, SampleKeys(STREAM, 5, indices))
     one_by_one = [pipeline(images[i], SampleKeys(STREAM, 5, int(i))) for i in indices]
     assert torch.equal(batched, torch.stack(one_by_one))
     plain = pipeline.batch(images[indices], SampleKeys(STREAM, 5, indices))
@@ -76,7 +77,7 @@ def test_alternating_flips_turn_every_sample_over_each_epoch_the_same_per_sample
     pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=2, flip="alternate")
     picked = torch.tensor([7, 3, 41, 0])
     for epoch in (0, 1):
-        batched = pipeline.over(images)(picked, SampleKeys(STREAM, epoch, picked))
+        batched = over(pipeline, images)(picked, SampleKeys(STREAM, epoch, picked))
         one_by_one = [pipeline(images[i], SampleKeys(STREAM, epoch, int(i))) for i in picked]
         assert torch.equal(batched, torch.stack(one_by_one))
 
@@ -86,7 +87,7 @@ def test_cutout_zeroes_one_square_per_sample_the_same_per_sample_and_batched():
     pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=0, cutout=3)
     indices = torch.arange(50)
     keys = SampleKeys(STREAM, 5, indices)
-    batched = pipeline.over(images)(indices, keys)  # crop and flip gathered, then the cutout
+    batched = over(pipeline, images)(indices, keys)  # crop and flip gathered, then the cutout
     one_by_one = [pipeline(images[i], SampleKeys(STREAM, 5, int(i))) for i in indices]
     assert torch.equal(batched, torch.stack(one_by_one))
     assert torch.equal(pipeline.batch(images, keys), batched)
@@ -137,7 +138,7 @@ def test_crop_flip_and_cutout_give_the_same_bytes_on_a_gpu():
     images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
     pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=2, cutout=3)
     indices = torch.arange(50)
-    on_cpu = pipeline.over(images)(indices, SampleKeys(STREAM, 5, indices))
+    on_cpu = over(pipeline, images)(indices, SampleKeys(STREAM, 5, indices))
     gpu_indices = indices.cuda()
-    on_gpu = pipeline.over(images.cuda())(gpu_indices, SampleKeys(STREAM, 5, gpu_indices))
+    on_gpu = over(pipeline, images.cuda())(gpu_indices, SampleKeys(STREAM, 5, gpu_indices))
     assert torch.equal(on_cpu, on_gpu.cpu())

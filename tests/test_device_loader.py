@@ -175,3 +175,37 @@ def test_prefetcher_gives_the_same_batches_on_the_gpu():
     for (images, labels), (raw, raw_labels) in zip(prefetched, batches, strict=True):
         assert torch.equal(images, prepare(raw, raw_labels)[0])
         assert torch.equal(labels.cpu(), raw_labels)
+
+
+class DeviceOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the operators that produce a tensor on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, tuple | list) else (out,)
+        views = {"aten.view.default", "aten.unbind.int", "aten.detach.default"}
+        made_there = any(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs)
+        self.count += made_there and str(func) not in views
+        return out
+
+
+@pytest.mark.parametrize("flip", ["random", "alternate"])
+def test_a_device_batch_costs_the_device_a_few_operations(flip):
+    """With the dataset on an accelerator (the meta device stands in: it runs no kernels),
+    the draws are hashed on the host and one copy sends the batch's locations and labels: a
+    crop-and-flip batch is that copy, an add and a gather there, not dozens of small kernels."""
+    from repro.data.batching import BatchMaker
+    from repro.data.sources import TensorImages
+    from repro.data.transforms import build as pipeline
+
+    images = torch.zeros((100, 3, 8, 8), dtype=torch.uint8, device="meta")
+    source = TensorImages(images, torch.arange(100) % 10)
+    maker = BatchMaker(source, pipeline(True, 8, None, 2, flip=flip), stream=7)
+    with DeviceOps() as ops:
+        batch = maker(list(range(0, 100, 3)), epoch=2)
+    assert batch.images.shape == (34, 3, 8, 8) and batch.images.device.type == "meta"
+    assert ops.count == 3

@@ -5,8 +5,10 @@ vectorised crop and flip (`Compose.batch`), with no worker processes and no host
 copy of images. The keys are those of the DataLoader path: the epoch's order comes from the
 same `EpochBatches` sampler (the "order" stream, started at the saved position for exact
 resume) and each sample's crop offsets and flip are the same pure function of (augment stream,
-epoch, index), computed on the device for the whole batch (`seeding.SampleKeys`). So for a
-seed and an epoch the batches are the DataLoader's, to the byte, and so are the final weights.
+epoch, index), computed for the whole batch on the host (`seeding.SampleKeys`; there a batch's
+draws cost a few numpy operations, where a GPU would launch dozens of small kernels) and sent
+over with the labels in one copy. So for a seed and an epoch the batches are the DataLoader's,
+to the byte, and so are the final weights.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any
 
 import torch
 
+from repro.data.batching import BatchMaker
 from repro.data.datasets import Source, Splits
-from repro.data.loader import BatchMaker, LoaderContext
+from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
 from repro.data.slots import Batch
 from repro.data.sources import TensorImages
@@ -78,7 +81,7 @@ class DeviceEvalLoader:
     ) -> None:
         self.dataset = _on_device(source, transform, context.device)
         self.maker, self.batch_size = BatchMaker(self.dataset, transform), batch_size
-        self.indices = torch.arange(context.rank, len(source), context.world, device=context.device)
+        self.indices = torch.arange(context.rank, len(source), context.world)  # on the host
 
     def __len__(self) -> int:
         return -(-len(self.indices) // self.batch_size)

@@ -25,14 +25,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from repro.data.batching import BatchMaker
 from repro.data.datasets import Source, Splits
 from repro.data.samplers import EpochBatches, EvalBatches
 from repro.data.slots import Batch, SharedSlots, SlotRef
-from repro.data.sources import TensorImages
 from repro.data.transforms import Compose
 from repro.data.workers import start_worker
 from repro.runtime.seeding import SampleKeys, stream_seed, torch_generator
-from repro.runtime.transfer import host_to_device
 
 CPU = torch.device("cpu")
 
@@ -177,29 +176,6 @@ def sample_then_batch(
             return list(zip(images, labels, strict=True))
         batch = torch.stack(images)
     return Batch(batch, torch.tensor(labels, dtype=torch.int64))
-
-
-class BatchMaker:
-    """Samples of an in-memory source through a pipeline, a whole batch at a time, on the
-    source's device (`Compose.over`); random steps draw from `stream` keyed on the epoch and
-    the indices, computed there for the whole batch."""
-
-    def __init__(self, source: TensorImages, transform: Compose, stream: int | None = None) -> None:
-        self.labels, self.make = source.labels, transform.over(source.images)
-        self.device, self.stream = source.images.device, stream
-
-    @classmethod
-    def of(cls, source: Source, transform: Compose, stream: int | None = None) -> BatchMaker | None:
-        """A maker where batches can be made whole, else None (per-sample path)."""
-        if isinstance(source, TensorImages) and transform.batchable:
-            return cls(source, transform, stream)
-        return None
-
-    def __call__(self, indices: list[int] | torch.Tensor, epoch: int | None = None) -> Batch:
-        """The batch of `indices`; `epoch` keys the random draws (None: no random step)."""
-        index = host_to_device(torch.as_tensor(indices, dtype=torch.int64), self.device)
-        keys = None if epoch is None else SampleKeys(self.stream, epoch, index)
-        return Batch(self.make(index, keys), self.labels[index.to(self.labels.device)])
 
 
 def collate(data: Batch | SlotRef | list[Any]) -> Any:

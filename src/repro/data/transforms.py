@@ -8,7 +8,9 @@ it. Deterministic transforms ignore `keys`.
 `Compose.batch` applies the same pipeline to a whole uint8 NCHW batch with tensor ops (on
 any device), with the keys of the whole batch as tensors: the draws are the per-sample ones,
 computed for every sample at once, so both paths give the same bytes and no Python runs per
-sample.
+sample. The keys may live on the host while the batch is on a GPU: a step then sends its
+draws over in one copy (a few kilobytes), which costs a GPU less than hashing them there
+in a few dozen small kernels.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from torch.nn import functional
 
 from repro.runtime.seeding import SampleKeys
+from repro.runtime.transfer import host_to_device
 
 Transform = Callable[[torch.Tensor, "SampleKeys | None"], torch.Tensor]
 
@@ -56,77 +59,6 @@ class Compose:
         for step in self.steps:
             images = step.batch(images, keys)  # type: ignore[attr-defined]
         return images
-
-    def over(self, images: torch.Tensor) -> Gathered | CropFlipTable:
-        """This (batchable) pipeline over a whole uint8 (N, C, H, W) dataset, as a callable
-        (indices, keys) -> batch: a train pipeline that starts with a random crop (then a
-        flip) makes those with one gather from a padded and mirrored copy of the dataset
-        made here, then runs the steps after them on the batch."""
-        kinds = [type(step) for step in self.steps]
-        for head in ([RandomCrop, HorizontalFlip], [RandomCrop]):
-            if kinds[: len(head)] == head:
-                rest = Compose(self.steps[len(head) :])
-                return CropFlipTable(images, *self.steps[: len(head)], then=rest)  # type: ignore[arg-type]
-        return Gathered(images, self)
-
-
-class Gathered:
-    """Pick a batch out of a dataset, then apply a pipeline's whole-batch form."""
-
-    def __init__(self, images: torch.Tensor, pipeline: Compose) -> None:
-        self.images, self.pipeline = images, pipeline
-
-    def __call__(self, indices: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
-        return self.pipeline.batch(self.images[indices], keys)
-
-
-class CropFlipTable:
-    """Random crop (after zero padding) and horizontal flip of any samples as one gather.
-
-    The dataset is padded once and stored next to its mirror image (2 x (1 + 2 padding /
-    size)^2 x its memory); every row of every crop is then a contiguous run of `size` bytes
-    of that table, at an offset set by the sample, its flip, its crop corner, its channel
-    and the row. Each sample's parameters are the per-sample steps' draws from its keys, so
-    the bytes are theirs.
-    """
-
-    def __init__(
-        self,
-        images: torch.Tensor,
-        crop: RandomCrop,
-        flip: HorizontalFlip | None = None,
-        then: Compose | None = None,
-    ) -> None:
-        count, channels, height, width = images.shape
-        pad, size = crop.padding, crop.size
-        padded = images.new_zeros((count, channels, height + 2 * pad, width + 2 * pad))
-        padded[:, :, pad : pad + height, pad : pad + width] = images
-        table = torch.stack([padded, padded.flip(-1)]) if flip is not None else padded
-        self.rows = table.view(-1).unfold(0, size, 1)  # row i: table's bytes i .. i+size-1
-        self.crop, self.flip, self.shape = crop, flip, (count, channels, height, width)
-        self.then = then if then is not None and then.steps else None
-        device = images.device
-        self.channel = torch.arange(channels, device=device).view(1, -1, 1)
-        self.span = torch.arange(size, device=device).view(1, 1, -1)
-
-    def __call__(self, indices: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
-        assert keys is not None
-        count, channels, height, width = self.shape
-        pad, size = self.crop.padding, self.crop.size
-        padded_height, padded_width = height + 2 * pad, width + 2 * pad
-        top, left = self.crop.draw(keys, height, width)
-        top, left = top + pad, left + pad
-        image = indices
-        if self.flip is not None:
-            # The flip of a crop at `left` is the crop of the mirror at the mirrored corner.
-            mirrored = self.flip.draw(keys)
-            left = torch.where(mirrored, padded_width - size - left, left)
-            image = image + mirrored * count
-        image, top, left = image.view(-1, 1, 1), top.view(-1, 1, 1), left.view(-1, 1, 1)
-        start = (image * channels + self.channel) * padded_height + top + self.span
-        start = start * padded_width + left
-        batch = self.rows.index_select(0, start.view(-1)).view(len(indices), channels, size, size)
-        return batch if self.then is None else self.then.batch(batch, keys)
 
 
 class RandomCrop:
@@ -167,8 +99,9 @@ class RandomCrop:
             padded[:, :, pad : pad + height, pad : pad + width] = images
         # (n, C, rows, cols, size, size): every crop position as a view, nothing copied.
         windows = padded.unfold(2, self.size, 1).unfold(3, self.size, 1)
+        top, left = on_device_of(images, top + pad, left + pad)
         samples = torch.arange(n, device=images.device)
-        return windows[samples, :, top + pad, left + pad]
+        return windows[samples, :, top, left]
 
 
 class HorizontalFlip:
@@ -191,7 +124,8 @@ class HorizontalFlip:
         return image.flip(-1) if self.draw(keys) else image
 
     def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
-        flips = self.draw(keys).view(-1, 1, 1, 1)
+        (flips,) = on_device_of(images, self.draw(keys))
+        flips = flips.view(-1, 1, 1, 1)
         return torch.where(flips, images.flip(-1), images).contiguous()
 
 
@@ -217,12 +151,21 @@ class Cutout:
 
     def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         n, _, height, width = images.shape
-        top, left = self.draw(keys, height, width)
+        top, left = on_device_of(images, *self.draw(keys, height, width))
         rows = torch.arange(height, device=images.device) - top.view(n, 1)
         cols = torch.arange(width, device=images.device) - left.view(n, 1)
         inside_rows = ((rows >= 0) & (rows < self.size)).view(n, 1, height, 1)
         inside_cols = ((cols >= 0) & (cols < self.size)).view(n, 1, 1, width)
         return images.masked_fill(inside_rows & inside_cols, 0)
+
+
+def on_device_of(like: torch.Tensor, *draws: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`draws` (one value per sample each) on the device of `like`: as they are where they
+    are already, else all in one copy from the host."""
+    if all(draw.device == like.device for draw in draws):
+        return draws
+    dtype = torch.bool if all(draw.dtype == torch.bool for draw in draws) else torch.int64
+    return host_to_device(torch.stack([draw.to(dtype) for draw in draws]), like.device).unbind()
 
 
 class ResizeShorter:
