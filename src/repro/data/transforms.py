@@ -135,6 +135,7 @@ class Cutout:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self._bands: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def draw(self, keys: SampleKeys | None, height: int, width: int) -> tuple[Any, Any]:
         """The square's top-left corner: ints for one sample, tensors for a batch."""
@@ -152,11 +153,17 @@ class Cutout:
     def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         n, _, height, width = images.shape
         top, left = on_device_of(images, *self.draw(keys, height, width))
-        rows = torch.arange(height, device=images.device) - top.view(n, 1)
-        cols = torch.arange(width, device=images.device) - left.view(n, 1)
-        inside_rows = ((rows >= 0) & (rows < self.size)).view(n, 1, height, 1)
-        inside_cols = ((cols >= 0) & (cols < self.size)).view(n, 1, 1, width)
-        return images.masked_fill(inside_rows & inside_cols, 0)
+        rows = self.bands(height, images.device)[top].view(n, 1, height, 1)
+        cols = self.bands(width, images.device)[left].view(n, 1, 1, width)
+        return images.masked_fill(rows & cols, 0)
+
+    def bands(self, length: int, device: torch.device) -> torch.Tensor:
+        """Row t: the square's rows (or columns) when it starts at t, as a mask of `length`;
+        looked up by corner, a batch's mask takes a few operations, not a dozen."""
+        if (length, device) not in self._bands:
+            span = torch.arange(length) - torch.arange(length - self.size + 1).view(-1, 1)
+            self._bands[length, device] = ((span >= 0) & (span < self.size)).to(device)
+        return self._bands[length, device]
 
 
 def on_device_of(like: torch.Tensor, *draws: torch.Tensor) -> tuple[torch.Tensor, ...]:
