@@ -43,7 +43,8 @@ def _on_device(source: Source, transform: Compose, device: torch.device) -> Tens
             "device",
             "crop, flip and Cutout only (no data.resize, no augment.transforms)",
         )
-    return TensorImages(source.images.to(device), source.labels.to(device))
+    # The labels stay on the host: `BatchMaker` picks a batch's there and sends them with it.
+    return TensorImages(source.images.to(device), source.labels)
 
 
 class DeviceTrainLoader:
