@@ -198,6 +198,10 @@ def _check_trainer_extras(trainer: DictConfig) -> None:
         raise ConfigError("trainer.ema_decay", trainer.ema_decay, "null or in (0, 1)")
     if trainer.world_invariant:
         _check_world_invariant(trainer)
+    window = trainer.profile_steps
+    if window is not None and (len(window) != 2 or not 1 <= window[0] <= window[1]):
+        allowed = "null or [first, last], steps with 1 <= first <= last"
+        raise ConfigError("trainer.profile_steps", list(window), allowed)
     if trainer.batch_size % trainer.accumulate_steps:
         allowed = f"a divisor of trainer.batch_size ({trainer.batch_size})"
         raise ConfigError("trainer.accumulate_steps", trainer.accumulate_steps, allowed)

@@ -107,6 +107,7 @@ class TrainerConfig:
     global_batch: bool = MISSING  # torchrun: batch_size is the total over ranks, not per rank
     sync_batchnorm: bool = MISSING
     sync_debug: bool = MISSING  # CUDA: warn at every host sync after the first step
+    profile_steps: Optional[list[int]] = MISSING  # [first, last]: torch.profiler over them
     monitor: str = MISSING
     monitor_mode: str = MISSING  # max | min
     patience: Optional[int] = MISSING

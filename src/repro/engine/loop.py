@@ -24,6 +24,7 @@ from repro.engine.losses import PendingLosses
 from repro.engine.metrics import Throughput
 from repro.engine.mixing import BatchMixer
 from repro.engine.position import Best, Position
+from repro.engine.profiling import StepProfiler
 from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
 from repro.engine.step import OptimizerStep
@@ -167,11 +168,17 @@ class Trainer:
         watch_syncs = self.settings.sync_debug and self.device.type == "cuda"
         self.model.train()
         self._training_since = time.perf_counter()
-        with StopRequest() as stop, progress_bar(self.settings.progress) as progress:
+        pos, cadence = self.position, Cadence.of(self.settings)
+        profile_folder = self.checkpointer.folder.parent / "profile"
+        profiler = StepProfiler(
+            self.settings.profile_steps, profile_folder, self.device, pos,
+            self.dist.rank, self.dist.world,
+        )  # fmt: skip
+        with StopRequest() as stop, progress_bar(self.settings.progress) as progress, profiler:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
-            pos, cadence = self.position, Cadence.of(self.settings)
             while not self._finished():
+                profiler.before_step()
                 waited = time.perf_counter()
                 images, labels = self.to_device(*next(batches))
                 throughput.waited(time.perf_counter() - waited, len(labels))

@@ -29,6 +29,8 @@ MAY_CHANGE = (
     "trainer.eval_batch_size",
     "trainer.halt_at_step",
     "trainer.save_checkpoints",
+    "trainer.sync_debug",
+    "trainer.profile_steps",
     "dataloader.",
     "logger.",
     "seed.mode",

@@ -19,6 +19,7 @@ class LoopSettings:
     halt_at_step: int | None = None
     save_checkpoints: bool = True
     sync_debug: bool = False
+    profile_steps: tuple[int, int] | None = None
     fingerprint_every_steps: int = 50
     progress: str = "auto"
     monitor: str = "val_acc"
@@ -41,6 +42,7 @@ class LoopSettings:
             halt_at_step=trainer.halt_at_step,
             save_checkpoints=bool(trainer.save_checkpoints),
             sync_debug=bool(trainer.sync_debug),
+            profile_steps=_window(trainer.profile_steps),
             fingerprint_every_steps=int(logger.fingerprint_every_steps),
             progress=str(logger.progress),
             monitor=str(trainer.monitor),
@@ -50,3 +52,8 @@ class LoopSettings:
             world_invariant=bool(trainer.world_invariant),
             tta=str(trainer.tta),
         )
+
+
+def _window(steps: Any) -> tuple[int, int] | None:
+    """`trainer.profile_steps` as (first, last), or None."""
+    return None if steps is None else (int(steps[0]), int(steps[1]))
