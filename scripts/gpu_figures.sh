@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/benchmarks.md, measured again on this machine's GPU:
 #
-#   bash scripts/gpu_figures.sh IMAGES OUT [speedrun|airbench|throughput|overhead|data|all]
+#   bash scripts/gpu_figures.sh IMAGES OUT [speedrun|airbench|throughput|overhead|data|profile|all]
 #
 # IMAGES: CIFAR-10 as an image folder (IMAGES/train/<class>/*, IMAGES/test/<class>/*), decoded
 # into memory by each recipe and throughput run (data.cache=memory); the overhead and data
@@ -87,11 +87,24 @@ data() {
     cp "$out/data/bench.md" "$out/data.md"
 }
 
+profile() {
+    # Where a step's time goes, op by op: the default config with worker loading (where the
+    # loop ran furthest behind the bare loop) and with dataloader=device. OUT/profile-*.txt:
+    # torch.profiler's table of steps 60-70; the Chrome traces stay in the run folders.
+    for args in "" "dataloader=device"; do
+        name=${args:-workers}
+        name=${name//[=\/]/-}
+        "$python" -m repro.train $args trainer.max_steps=80 "trainer.profile_steps=[60,70]" \
+            logger.progress=off "hydra.run.dir=$out/profile/$name"
+        cp "$out/profile/$name/profile/ops.txt" "$out/profile-$name.txt"
+    done
+}
+
 case $part in
-    all) speedrun; airbench; throughput; overhead; data ;;
-    speedrun | airbench | throughput | overhead | data) "$part" ;;
+    all) speedrun; airbench; throughput; overhead; data; profile ;;
+    speedrun | airbench | throughput | overhead | data | profile) "$part" ;;
     *)
-        echo "error: part=$part is not one of speedrun, airbench, throughput, overhead, data, all" >&2
+        echo "error: part=$part is not one of speedrun, airbench, throughput, overhead, data, profile, all" >&2
         exit 2
         ;;
 esac
