@@ -9,6 +9,7 @@ import pytest
 from repro import evaluate
 from repro.errors import ConfigError, DataError
 from repro.predict import predict_files
+from repro.restore import output_file, write_result
 
 from conftest import IMAGEFOLDER, SHAPES, make_image_tree, run_cli, train_in_process
 
@@ -55,7 +56,7 @@ def test_the_command_writes_its_csv_and_refuses_bad_arguments(trained, tmp_path)
         ([f"images={images}"], "ckpt"),
         ([f"ckpt={ckpt}"], "images"),
         ([f"ckpt={ckpt}", f"images={tmp_path / 'none'}", f"out={unmade}"], "no such file"),
-        ([f"ckpt={ckpt}", f"images={images}", f"out={out / 'p.csv'}"], "no writable folder"),
+        ([f"ckpt={ckpt}", f"images={images}", f"out={out / 'p.csv'}"], "not a writable folder"),
         ([f"ckpt={ckpt}", f"images={images}", "top_k=4", f"out={fresh}"], "top_k=4"),
     ]
     for args, message in refused:
@@ -95,3 +96,19 @@ def test_per_class_accuracy_and_the_confusion_matrix_add_up(trained):
         assert [sum(row["class"] == other for row in mine) for other in sorted(SHAPES)] == (
             confusion[index]
         )
+
+
+def test_out_is_checked_without_making_anything(tmp_path, capsys):
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="not a writable folder"):
+        output_file(str(tmp_path / "dangling" / "p.csv"))
+    assert output_file(str(tmp_path / "missing" / ".." / "q.csv")) == tmp_path / "q.csv"
+    nested = output_file(str(tmp_path / "a" / "b" / "r.csv"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["dangling"]  # nothing made
+    write_result(nested, "x\n")  # the folder is made when the result is written
+    assert nested.read_text() == "x\n"
+    late = output_file(str(tmp_path / "c" / "s.csv"))
+    (tmp_path / "c").write_text("a file where the folder would go, made after the check\n")
+    with pytest.raises(SystemExit) as stopped:
+        write_result(late, "x\n")
+    assert stopped.value.code == 2 and "error: could not write" in capsys.readouterr().err

@@ -27,8 +27,8 @@ from repro.data.loader import Batches
 from repro.data.sources import ImageFiles
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
-from repro.files import write_json_atomic
-from repro.restore import arguments, output_file, restore
+from repro.files import json_text
+from repro.restore import arguments, output_file, restore, write_result
 
 SPLITS = ("train", "val", "test")
 ARGUMENTS = {
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> None:
         shown = "-" if row["acc"] is None else f"{row['acc']:.4f}"
         print(f"  {row['class']}: acc {shown} ({row['images']} images)")
     if out is not None:
-        write_json_atomic(out, result)
+        write_result(out, json_text(result))
 
 
 if __name__ == "__main__":

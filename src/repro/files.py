@@ -13,9 +13,7 @@ from typing import Any
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary name beside `path` to write to: when the block ends it replaces `path` in
-    one step; if the block raises, it is removed and `path` is left as it was. A missing
-    folder is made first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    one step; if the block raises, it is removed and `path` is left as it was."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
@@ -32,5 +30,10 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
 
 
+def json_text(payload: Any) -> str:
+    """The project's JSON files: indented, keys sorted, a final newline."""
+    return json.dumps(payload, indent=2, sort_keys=True) + "\n"
+
+
 def write_json_atomic(path: Path, payload: Any) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, json_text(payload))

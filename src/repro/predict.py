@@ -30,8 +30,7 @@ from repro.data.loader import Batches
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
-from repro.files import write_text_atomic
-from repro.restore import arguments, output_file, restore
+from repro.restore import arguments, output_file, restore, write_result
 
 ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta", "overwrite"}
 
@@ -107,7 +106,7 @@ def main(argv: list[str]) -> None:
     writer = csv.DictWriter(text, list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-    write_text_atomic(out, text.getvalue())
+    write_result(out, text.getvalue())
     print(f"{len(rows)} images: predictions in {out}")
 
 

@@ -19,7 +19,8 @@ from repro.data.loader import LoaderContext, eval_loader
 from repro.data.transforms import Compose
 from repro.engine import resume
 from repro.engine.checkpoint import load
-from repro.errors import ConfigError
+from repro.errors import ConfigError, DataError, exit_with
+from repro.files import write_text_atomic
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -92,16 +93,28 @@ def arguments(argv: list[str], allowed: set[str]) -> DictConfig:
 def output_file(name: str, overwrite: object = False) -> Path:
     """Where a checkpoint command writes its result, checked before any work: an existing file
     is never replaced unless `overwrite` is true, and a missing folder must be one that can be
-    made. Nothing is created here: a command that fails later leaves no trace."""
-    out = Path(name)
+    made (`write_result` makes it). Nothing is created here: a command that fails later
+    leaves no trace."""
+    out = Path(os.path.normpath(name))  # `missing/../q.csv` would make `missing`
     if not isinstance(overwrite, bool):
         raise ConfigError("overwrite", overwrite, "true or false")
     if out.is_dir():
         raise ConfigError("out", name, "a file name; this is a folder")
     if out.exists() and not overwrite:
         raise ConfigError("out", name, "a file that does not exist yet, or add overwrite=true")
-    existing = next(folder for folder in out.absolute().parents if folder.exists())
+    # The nearest entry that exists, a dangling link included, must be a folder we can write in.
+    existing = next(folder for folder in out.absolute().parents if os.path.lexists(folder))
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        allowed = f"a file in a folder that can be made ({existing} is no writable folder)"
+        allowed = f"a file in a folder that can be made ({existing} is not a writable folder)"
         raise ConfigError("out", name, allowed)
     return out
+
+
+def write_result(out: Path, text: str) -> None:
+    """Write a command's result to `out` (checked by `output_file`), making its folder; what
+    still fails (a full disk) is one line, not a traceback."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, text)
+    except OSError as error:
+        exit_with(DataError(f"could not write {out}: {error.strerror or error}"))
