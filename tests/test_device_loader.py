@@ -10,14 +10,17 @@ import pickle
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode  # no public name yet
 from torch.utils.data import default_collate
 
 from repro import build
+from repro.data.batching import BatchMaker
 from repro.data.device_loader import DeviceTrainLoader
 from repro.data.loader import Batches, EvalView, LoaderContext, TrainView
 from repro.data.samplers import EpochBatches
 from repro.data.slots import Batch
-from repro.data.sources import ImageFiles
+from repro.data.sources import ImageFiles, TensorImages
+from repro.data.transforms import build as pipeline
 from repro.errors import ConfigError
 from repro.runtime.seeding import stream_seed
 from repro.runtime.transfer import DeviceBatches
@@ -177,8 +180,8 @@ def test_prefetcher_gives_the_same_batches_on_the_gpu():
         assert torch.equal(labels.cpu(), raw_labels)
 
 
-class DeviceOps(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the operators that produce a tensor on the meta device."""
+class DeviceOps(TorchDispatchMode):
+    """Counts the operators that make a tensor on the meta device (views left out)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -197,14 +200,11 @@ class DeviceOps(torch.utils._python_dispatch.TorchDispatchMode):
     ("flip", "cutout", "most"), [("random", 0, 3), ("alternate", 0, 3), ("random", 4, 8)]
 )
 def test_a_device_batch_costs_the_device_a_few_operations(flip, cutout, most):
-    """With the dataset on an accelerator (the meta device stands in: it runs no kernels),
-    the draws are hashed on the host and one copy sends the batch's locations and labels: a
-    crop-and-flip batch is that copy, an add and a gather there, not dozens of small kernels
-    (73 before); Cutout adds its corners' copy, two lookups, an `and` and the fill."""
-    from repro.data.batching import BatchMaker
-    from repro.data.sources import TensorImages
-    from repro.data.transforms import build as pipeline
-
+    """On a GPU every operation is a kernel launch, and launches, not arithmetic, bound a
+    small batch's making. With the dataset on the meta device (it stands in for a GPU and
+    runs nothing), a crop-and-flip batch costs it one copy (locations and labels), an add and
+    a gather: the draws are hashed on the host. Cutout adds its corners' copy, two table
+    lookups, an `and` and the fill."""
     images = torch.zeros((100, 3, 8, 8), dtype=torch.uint8, device="meta")
     source = TensorImages(images, torch.arange(100) % 10)
     maker = BatchMaker(source, pipeline(True, 8, None, 2, flip=flip, cutout=cutout), stream=7)
@@ -213,3 +213,20 @@ def test_a_device_batch_costs_the_device_a_few_operations(flip, cutout, most):
         batch = maker(list(range(0, 100, 3)), epoch=2)
     assert batch.images.shape == (34, 3, 8, 8) and batch.images.device.type == "meta"
     assert ops.count <= most
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("flip", ["random", "alternate"])
+def test_a_batch_made_on_the_gpu_is_the_hosts_to_the_byte(flip):
+    """The device loader's own path: host keys and locations, the pinned copy, the gather and
+    Cutout's lookup on the GPU give the bytes and labels the CPU maker gives."""
+    images = torch.randint(0, 256, (200, 3, 12, 12), dtype=torch.uint8)
+    labels = torch.arange(200) % 10
+    steps = pipeline(True, 12, None, 3, flip=flip, cutout=5)
+    on_cpu = BatchMaker(TensorImages(images, labels), steps, stream=11)
+    on_gpu = BatchMaker(TensorImages(images.cuda(), labels), steps, stream=11)
+    for epoch, indices in ((0, list(range(0, 200, 3))), (1, [5, 199, 0, 5])):
+        expected, made = on_cpu(indices, epoch), on_gpu(indices, epoch)
+        assert made.images.is_cuda and made.labels.is_cuda
+        assert torch.equal(made.images.cpu(), expected.images)
+        assert torch.equal(made.labels.cpu(), expected.labels)

@@ -54,7 +54,8 @@ class BatchMaker:
         return None
 
     def __call__(self, indices: list[int] | torch.Tensor, epoch: int | None = None) -> Batch:
-        """The batch of `indices`; `epoch` keys the random draws (None: no random step)."""
+        """The batch of `indices` (host values: a list or a CPU tensor); `epoch` keys the
+        random draws (None: no random step)."""
         index = torch.as_tensor(indices, dtype=torch.int64, device="cpu")
         keys = None if epoch is None else SampleKeys(self.stream, epoch, index)
         sent = torch.stack([self.make.locate(index, keys), self.labels[index]])

@@ -1,14 +1,15 @@
 """`dataloader=device`: in-memory datasets kept on the device, batches built with tensor ops.
 
-The whole uint8 split is copied to the device once. Each batch is one gather from it plus a
-vectorised crop and flip (`Compose.batch`), with no worker processes and no host-to-device
-copy of images. The keys are those of the DataLoader path: the epoch's order comes from the
+The whole uint8 split is copied to the device once. Each batch's random crops and flips are
+one gather from a padded, mirrored copy of it (`batching.CropFlipTable`), with no worker
+processes and no host-to-device copy of images; the steps after them (Cutout) run on the
+batch there. The keys are those of the DataLoader path: the epoch's order comes from the
 same `EpochBatches` sampler (the "order" stream, started at the saved position for exact
 resume) and each sample's crop offsets and flip are the same pure function of (augment stream,
 epoch, index), computed for the whole batch on the host (`seeding.SampleKeys`; there a batch's
 draws cost a few numpy operations, where a GPU would launch dozens of small kernels) and sent
-over with the labels in one copy. So for a seed and an epoch the batches are the DataLoader's,
-to the byte, and so are the final weights.
+over with the labels in one copy (Cutout's corners in a second). So for a seed and an epoch
+the batches are the DataLoader's, to the byte, and so are the final weights.
 """
 
 from __future__ import annotations

@@ -129,13 +129,16 @@ class HorizontalFlip:
         return torch.where(flips, images.flip(-1), images).contiguous()
 
 
+# Kept by the module, not by a step: a step travels to DataLoader workers, a GPU table must not.
+_CUTOUT_BANDS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
 class Cutout:
     """Cutout (DeVries and Taylor, 2017): a random `size` x `size` square of the image, wholly
     inside it, set to zero (black, as the crop's padding)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._bands: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def draw(self, keys: SampleKeys | None, height: int, width: int) -> tuple[Any, Any]:
         """The square's top-left corner: ints for one sample, tensors for a batch."""
@@ -160,19 +163,20 @@ class Cutout:
     def bands(self, length: int, device: torch.device) -> torch.Tensor:
         """Row t: the square's rows (or columns) when it starts at t, as a mask of `length`;
         looked up by corner, a batch's mask takes a few operations, not a dozen."""
-        if (length, device) not in self._bands:
+        key = (self.size, length, device)
+        if key not in _CUTOUT_BANDS:  # sent to a GPU once, not per batch
             span = torch.arange(length) - torch.arange(length - self.size + 1).view(-1, 1)
-            self._bands[length, device] = ((span >= 0) & (span < self.size)).to(device)
-        return self._bands[length, device]
+            _CUTOUT_BANDS[key] = ((span >= 0) & (span < self.size)).to(device)
+        return _CUTOUT_BANDS[key]
 
 
 def on_device_of(like: torch.Tensor, *draws: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`draws` (one value per sample each) on the device of `like`: as they are where they
-    are already, else all in one copy from the host."""
+    """`draws`, one value per sample each and all of one dtype, on the device of `like`: as
+    they are if they are there, else in one copy (from the host, where the loaders hash)."""
     if all(draw.device == like.device for draw in draws):
         return draws
-    dtype = torch.bool if all(draw.dtype == torch.bool for draw in draws) else torch.int64
-    return host_to_device(torch.stack([draw.to(dtype) for draw in draws]), like.device).unbind()
+    assert len({(draw.dtype, draw.device) for draw in draws}) == 1, "one dtype, one device"
+    return host_to_device(torch.stack(draws), like.device).unbind()
 
 
 class ResizeShorter:
