@@ -82,8 +82,10 @@ def test_a_yaml_list_of_torchvision_transforms_trains_the_same_for_any_worker_co
     assert plain["weights_sha256"] != hashes[0], "the transforms must have changed the images"
 
 
-@pytest.mark.parametrize("augment", ["augment.cutout=8", "augment.flip=alternate"])
-def test_cutout_and_alternating_flips_train_the_same_with_workers_or_the_device_loader(
+@pytest.mark.parametrize(
+    "augment", ["augment.cutout=8", "augment.flip=alternate", "augment.crop_padding_mode=reflect"]
+)
+def test_cutout_flips_and_padding_train_the_same_with_workers_or_the_device_loader(
     augment, tmp_path
 ):
     run = tiny("trainer.epochs=2", augment)  # flips turn over in the second epoch

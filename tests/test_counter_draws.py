@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional
 
 from repro.data import transforms
 from repro.data.batching import over
@@ -50,9 +51,10 @@ def test_draws_are_uniform_and_differ_across_samples_epochs_and_draw_numbers():
     assert (other_stream == bits).double().mean() < 1e-4, "another seed, other draws"
 
 
-def test_batched_crop_and_flip_give_the_per_sample_bytes():
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "edge"])
+def test_batched_crop_and_flip_give_the_per_sample_bytes(mode):
     images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
-    pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=2)
+    pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=3, padding_mode=mode)
     indices = torch.tensor([7, 3, 3, 41, 0, 12])
     batched = over(pipeline, images)(indices, SampleKeys(STREAM, 5, indices))
     one_by_one = [pipeline(images[i], SampleKeys(STREAM, 5, int(i))) for i in indices]
@@ -142,3 +144,12 @@ def test_crop_flip_and_cutout_give_the_same_bytes_on_a_gpu():
     gpu_indices = indices.cuda()
     on_gpu = over(pipeline, images.cuda())(gpu_indices, SampleKeys(STREAM, 5, gpu_indices))
     assert torch.equal(on_cpu, on_gpu.cpu())
+
+
+@pytest.mark.parametrize(("mode", "torch_mode"), [("reflect", "reflect"), ("edge", "replicate")])
+def test_padding_modes_are_torchs_reflect_and_replicate(mode, torch_mode):
+    images = torch.randint(0, 256, (4, 3, 7, 9), dtype=torch.uint8)
+    expected = functional.pad(images.float(), (3, 3, 3, 3), mode=torch_mode)
+    assert torch.equal(transforms.pad(images, 3, mode).float(), expected)
+    zeros = transforms.pad(images, 3)
+    assert zeros[..., :3, :].eq(0).all() and torch.equal(zeros[..., 3:-3, 3:-3], images)

@@ -123,6 +123,8 @@ def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
             "optimizer._target_",
         ),
         (["augment.flip=sometimes"], "augment.flip"),
+        (["augment.crop_padding_mode=wrap"], "augment.crop_padding_mode"),
+        (["augment.crop_padding_mode=reflect", "data.crop_padding=32"], "data.crop_padding"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(overrides, key, tmp_path):

@@ -106,10 +106,12 @@ def pipelines(cfg: Any, resized: bool = False) -> tuple[transforms.Compose, tran
     crop_flip = augment is None or bool(augment.crop_flip)
     cutout = augment.cutout if augment is not None else 0
     flip = augment.get("flip", "random") if augment is not None else "random"
+    padding_mode = augment.get("crop_padding_mode", "zeros") if augment is not None else "zeros"
     extra = torchvision_transforms(augment.transforms) if augment is not None else []
     train = transforms.build(
         data.augment, size, resize, pad,
-        crop_flip=crop_flip, flip=flip, cutout=cutout, extra=extra, resized=resized,
+        crop_flip=crop_flip, flip=flip, padding_mode=padding_mode, cutout=cutout, extra=extra,
+        resized=resized,
     )  # fmt: skip
     return train, transforms.build(False, size, resize, pad, resized=resized)
 

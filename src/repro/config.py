@@ -27,6 +27,7 @@ CHOICES = {
     "trainer.test_weights": ("best", "last", "ema"),
     "trainer.tta": ("none", "flip", "flip_translate"),
     "augment.flip": ("random", "alternate"),
+    "augment.crop_padding_mode": ("zeros", "reflect", "edge"),
     "logger.progress": ("auto", "on", "off"),
     "logger.wandb.mode": ("offline", "online", "disabled"),
 }
@@ -162,6 +163,10 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             "0 with trainer.world_invariant=true (mixing is keyed per rank, not per micro-batch)"
         )
         raise ConfigError("augment.mixup_alpha", augment.mixup_alpha, allowed)
+    mirrored = augment and augment.crop_padding_mode == "reflect"
+    if mirrored and cfg.data.crop_padding >= cfg.data.image_size:
+        allowed = f"below data.image_size ({cfg.data.image_size}) with reflect padding"
+        raise ConfigError("data.crop_padding", cfg.data.crop_padding, allowed)
     if augment and augment.cutout > cfg.data.image_size:
         allowed = f"0 (off) or a side of at most data.image_size ({cfg.data.image_size})"
         raise ConfigError("augment.cutout", augment.cutout, allowed)

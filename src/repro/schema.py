@@ -80,6 +80,7 @@ class DataConfig:
 class AugmentConfig:
     crop_flip: bool = MISSING
     flip: str = MISSING  # random | alternate
+    crop_padding_mode: str = MISSING  # zeros | reflect | edge
     cutout: int = MISSING  # > 0: a random square of this side set to zero (Cutout)
     transforms: list[Any] = MISSING  # torchvision.transforms.v2 nodes with a _target_
     mixup_alpha: float = MISSING

@@ -48,10 +48,12 @@ def torchvision_loader(cfg: DictConfig, workers: int) -> DataLoader:
     """The plain torchvision way to read the same training images with the same augmentation."""
     data = cfg.data
     steps: list[Any] = [v2.ToImage()]
+    mode = cfg.augment.crop_padding_mode if "augment" in cfg else "zeros"
+    padding_mode = {"zeros": "constant"}.get(mode, mode)  # reflect and edge: the same names
     if data.resize is not None:
         steps.append(v2.Resize(data.resize, antialias=True))
     steps += [
-        v2.RandomCrop(data.image_size, padding=data.crop_padding),
+        v2.RandomCrop(data.image_size, padding=data.crop_padding, padding_mode=padding_mode),
         v2.RandomHorizontalFlip(),
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(list(data.mean), list(data.std)),

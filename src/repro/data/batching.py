@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from repro.data import transforms
 from repro.data.datasets import Source
 from repro.data.slots import Batch
 from repro.data.sources import TensorImages
@@ -82,7 +83,7 @@ class Gathered:
 
 
 class CropFlipTable:
-    """Random crop (after zero padding) and horizontal flip of any samples as one gather.
+    """Random crop (after padding) and horizontal flip of any samples as one gather.
 
     The dataset is padded once and stored next to its mirror image (2 x (1 + 2 padding /
     size)^2 x its memory); every row of every crop is then a contiguous run of `size` bytes
@@ -100,8 +101,8 @@ class CropFlipTable:
     ) -> None:
         count, channels, height, width = images.shape
         pad, size = crop.padding, crop.size
-        padded = images.new_zeros((count, channels, height + 2 * pad, width + 2 * pad))
-        padded[:, :, pad : pad + height, pad : pad + width] = images
+        padded = transforms.pad(images, pad, crop.mode)
+        # Mirroring commutes with each padding mode: the mirror's crop is the crop's mirror.
         table = torch.stack([padded, padded.flip(-1)]) if flip is not None else padded
         self.rows = table.view(-1).unfold(0, size, 1)  # row i: table's bytes i .. i+size-1
         self.crop, self.flip, self.shape = crop, flip, (count, channels, height, width)

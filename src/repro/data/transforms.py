@@ -61,11 +61,35 @@ class Compose:
         return images
 
 
-class RandomCrop:
-    """A random `size` crop after zero-padding each side by `padding` (padding never copied)."""
+def pad(images: torch.Tensor, padding: int, mode: str = "zeros") -> torch.Tensor:
+    """`images` (..., H, W) with `padding` pixels added on each side: zeros, the image
+    mirrored about its border pixels (`reflect`: ... 2 1 | 0 1 2 ..., as torchvision's
+    "reflect"; padding below the side's length) or the border pixels repeated (`edge`)."""
+    height, width = images.shape[-2:]
+    if mode == "zeros":
+        out = images.new_zeros((*images.shape[:-2], height + 2 * padding, width + 2 * padding))
+        out[..., padding : padding + height, padding : padding + width] = images
+        return out
+    rows = _padded_source(height, padding, mode).to(images.device)
+    cols = _padded_source(width, padding, mode).to(images.device)
+    return images.index_select(-2, rows).index_select(-1, cols)
 
-    def __init__(self, size: int, padding: int = 0) -> None:
-        self.size, self.padding = size, padding
+
+def _padded_source(length: int, padding: int, mode: str) -> torch.Tensor:
+    """For each position of a padded side, the position of the original it copies."""
+    position = torch.arange(-padding, length + padding)
+    if mode == "edge":
+        return position.clamp(0, length - 1)
+    position = position.abs()  # reflect: -1 -> 1, and length -> length - 2 below
+    return torch.where(position >= length, 2 * (length - 1) - position, position)
+
+
+class RandomCrop:
+    """A random `size` crop after padding each side by `padding` (`pad`'s `mode`; zeros by
+    default; a crop inside the image copies nothing)."""
+
+    def __init__(self, size: int, padding: int = 0, mode: str = "zeros") -> None:
+        self.size, self.padding, self.mode = size, padding, mode
 
     def draw(self, keys: SampleKeys | None, height: int, width: int) -> tuple[Any, Any]:
         """The crop's top-left corner in unpadded coordinates (negative inside the padding):
@@ -80,6 +104,10 @@ class RandomCrop:
         top, left = self.draw(keys, height, width)
         if 0 <= top <= height - self.size and 0 <= left <= width - self.size:
             return image[:, top : top + self.size, left : left + self.size]
+        if self.mode != "zeros":
+            top, left = top + self.padding, left + self.padding
+            padded = pad(image, self.padding, self.mode)
+            return padded[:, top : top + self.size, left : left + self.size]
         out = image.new_zeros((image.shape[0], self.size, self.size))
         src_top, src_left = max(top, 0), max(left, 0)
         src_bottom, src_right = min(top + self.size, height), min(left + self.size, width)
@@ -89,17 +117,13 @@ class RandomCrop:
         return out
 
     def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
-        """Every sample's crop in one gather from a window view of the zero-padded batch."""
-        n, channels, height, width = images.shape
+        """Every sample's crop in one gather from a window view of the padded batch."""
+        n, _, height, width = images.shape
         top, left = self.draw(keys, height, width)
-        pad = self.padding
-        padded = images
-        if pad:
-            padded = images.new_zeros((n, channels, height + 2 * pad, width + 2 * pad))
-            padded[:, :, pad : pad + height, pad : pad + width] = images
+        padded = pad(images, self.padding, self.mode) if self.padding else images
         # (n, C, rows, cols, size, size): every crop position as a view, nothing copied.
         windows = padded.unfold(2, self.size, 1).unfold(3, self.size, 1)
-        top, left = on_device_of(images, top + pad, left + pad)
+        top, left = on_device_of(images, top + self.padding, left + self.padding)
         samples = torch.arange(n, device=images.device)
         return windows[samples, :, top, left]
 
@@ -241,13 +265,15 @@ def build(
     *,
     crop_flip: bool = True,
     flip: str = "random",
+    padding_mode: str = "zeros",
     cutout: int = 0,
     extra: Sequence[Callable[[torch.Tensor], torch.Tensor]] = (),
     resized: bool = False,
 ) -> Compose:
     """Train (augment=True) or eval pipeline for square `image_size` inputs: resize (unless
     the images were `resized` already, as a decoded cache holds them), then random crop and
-    flip (`crop_flip`; `flip`: random or alternate), a `cutout` square and any torchvision
+    flip (`crop_flip`; `flip`: random or alternate; the crop pads with `padding_mode`), a
+    `cutout` square and any torchvision
     transforms (`extra`) for training, or a centre crop for evaluation."""
     steps: list[Transform] = []
     if resize is not None and not resized:
@@ -255,7 +281,7 @@ def build(
     if augment:
         if crop_flip:
             steps += [
-                RandomCrop(image_size, crop_padding),
+                RandomCrop(image_size, crop_padding, padding_mode),
                 HorizontalFlip(alternate=flip == "alternate"),
             ]
         if cutout:

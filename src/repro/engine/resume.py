@@ -44,6 +44,7 @@ MAY_CHANGE = (
 ADDED = {
     "augment.cutout": 0,
     "augment.flip": "random",
+    "augment.crop_padding_mode": "zeros",
     "trainer.tta": "none",
     "optimizer.decay_biases_and_norms": True,
     "optimizer.lr_scale_biases_and_norms": 1.0,
