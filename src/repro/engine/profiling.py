@@ -14,6 +14,7 @@ earlier attempt of the run profiled already is not profiled again, so its files 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,10 @@ class StepProfiler:
             log.info("%s holds these steps' profile already (an earlier attempt): kept", self.trace)
             self.window = None
             return
+        # Kineto (the profiler's tracing library) prints its stage markers to stdout, and on a
+        # machine without a GPU an ERROR line about counting GPUs: noise in the run's output.
+        # Its own setting, read when it first starts; a value of the user's is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
