@@ -96,7 +96,7 @@ profile() {
         name=${name//[=\/]/-}
         "$python" -m repro.train $args trainer.max_steps=80 "trainer.profile_steps=[60,70]" \
             logger.progress=off "hydra.run.dir=$out/profile/$name"
-        cp "$out/profile/$name/profile/ops.txt" "$out/profile-$name.txt"
+        cp "$out/profile/$name/profile/steps-60-70.txt" "$out/profile-$name.txt"
     done
 }
 

@@ -51,10 +51,13 @@ def test_draws_are_uniform_and_differ_across_samples_epochs_and_draw_numbers():
     assert (other_stream == bits).double().mean() < 1e-4, "another seed, other draws"
 
 
-@pytest.mark.parametrize("mode", ["zeros", "reflect", "edge"])
-def test_batched_crop_and_flip_give_the_per_sample_bytes(mode):
+@pytest.mark.parametrize(
+    ("mode", "padding"), [("zeros", 3), ("reflect", 3), ("edge", 3), ("zeros", 10), ("edge", 10)]
+)
+def test_batched_crop_and_flip_give_the_per_sample_bytes(mode, padding):
+    """Also with crops wholly inside a padding wider than the image."""
     images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
-    pipeline = transforms.build(True, image_size=8, resize=None, crop_padding=3, padding_mode=mode)
+    pipeline = transforms.build(True, 8, None, crop_padding=padding, padding_mode=mode)
     indices = torch.tensor([7, 3, 3, 41, 0, 12])
     batched = over(pipeline, images)(indices, SampleKeys(STREAM, 5, indices))
     one_by_one = [pipeline(images[i], SampleKeys(STREAM, 5, int(i))) for i in indices]

@@ -163,9 +163,10 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             "0 with trainer.world_invariant=true (mixing is keyed per rank, not per micro-batch)"
         )
         raise ConfigError("augment.mixup_alpha", augment.mixup_alpha, allowed)
-    mirrored = augment and augment.crop_padding_mode == "reflect"
-    if mirrored and cfg.data.crop_padding >= cfg.data.image_size:
-        allowed = f"below data.image_size ({cfg.data.image_size}) with reflect padding"
+    mirrored = augment and augment.crop_flip and augment.crop_padding_mode == "reflect"
+    shortest = cfg.data.resize or cfg.data.image_size  # the crop's images are at least this
+    if mirrored and cfg.data.crop_padding >= shortest:
+        allowed = f"below the images' shorter side ({shortest}) with reflect padding"
         raise ConfigError("data.crop_padding", cfg.data.crop_padding, allowed)
     if augment and augment.cutout > cfg.data.image_size:
         allowed = f"0 (off) or a side of at most data.image_size ({cfg.data.image_size})"

@@ -104,17 +104,9 @@ class RandomCrop:
         top, left = self.draw(keys, height, width)
         if 0 <= top <= height - self.size and 0 <= left <= width - self.size:
             return image[:, top : top + self.size, left : left + self.size]
-        if self.mode != "zeros":
-            top, left = top + self.padding, left + self.padding
-            padded = pad(image, self.padding, self.mode)
-            return padded[:, top : top + self.size, left : left + self.size]
-        out = image.new_zeros((image.shape[0], self.size, self.size))
-        src_top, src_left = max(top, 0), max(left, 0)
-        src_bottom, src_right = min(top + self.size, height), min(left + self.size, width)
-        out[:, src_top - top : src_bottom - top, src_left - left : src_right - left] = image[
-            :, src_top:src_bottom, src_left:src_right
-        ]
-        return out
+        top, left = top + self.padding, left + self.padding
+        padded = pad(image, self.padding, self.mode)
+        return padded[:, top : top + self.size, left : left + self.size]
 
     def batch(self, images: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         """Every sample's crop in one gather from a window view of the padded batch."""
@@ -159,7 +151,7 @@ _CUTOUT_BANDS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
 class Cutout:
     """Cutout (DeVries and Taylor, 2017): a random `size` x `size` square of the image, wholly
-    inside it, set to zero (black, as the crop's padding)."""
+    inside it, set to zero (black)."""
 
     def __init__(self, size: int) -> None:
         self.size = size

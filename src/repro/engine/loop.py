@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
 from repro.data.loader import Batches
@@ -169,11 +170,8 @@ class Trainer:
         self.model.train()
         self._training_since = time.perf_counter()
         pos, cadence = self.position, Cadence.of(self.settings)
-        profile_folder = self.checkpointer.folder.parent / "profile"
-        profiler = StepProfiler(
-            self.settings.profile_steps, profile_folder, self.device, pos,
-            self.dist.rank, self.dist.world,
-        )  # fmt: skip
+        run_dir = self.checkpointer.folder.parent
+        profiler = StepProfiler(self.settings.profile_steps, run_dir, self.device, pos, self.dist)
         with StopRequest() as stop, progress_bar(self.settings.progress) as progress, profiler:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
@@ -233,6 +231,7 @@ class Trainer:
         """Write the pending per-step losses to the fingerprint log; stop on a non-finite one."""
         self.losses.flush(self.position, self.model)
 
+    @record_function("checkpoint")  # marked in a trace of trainer.profile_steps
     def checkpoint(self) -> None:
         """Flush the pending losses, then save (unless `save_checkpoints` is off, or this
         state is on disk already: an epoch's or the run's end that is also a halt)."""
@@ -250,6 +249,7 @@ class Trainer:
         self.position.train_seconds += now - self._training_since
         self._training_since = now
 
+    @record_function("evaluate")  # marked in a trace of trainer.profile_steps
     def evaluate_and_log(self, throughput: Throughput) -> None:
         """Flush the pending losses, evaluate, and write the metrics row and the log line."""
         self.flush_losses()

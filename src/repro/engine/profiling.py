@@ -1,18 +1,22 @@
 """`trainer.profile_steps=[first,last]`: torch.profiler over a window of optimizer steps.
 
 What those steps cost, op by op, on the host and (on CUDA) on the GPU, the wait for data
-included: the window opens before step `first` fetches its batch and closes after step
-`last` (or where the run stops, if sooner). The run folder's `profile/` gets `trace.json`, a
-Chrome trace (open it in https://ui.perfetto.dev or chrome://tracing), and `ops.txt`, torch's
-table of the ops that took the most time. Under torchrun each rank writes its own
-(`trace-rank1.json` ...).
+included: the window opens before step `first` fetches its batch and closes before step
+`last + 1` does (or where the run stops, if sooner), so an evaluation or a checkpoint right
+after a step in the window is in it, marked as such by the loop (`record_function`). The run
+folder's `profile/` gets, named by the steps they cover, `steps-F-L.json`, a Chrome trace
+with a span per step (open it in https://ui.perfetto.dev or chrome://tracing), and
+`steps-F-L.txt`, torch's table of the ops that took the most time. Under torchrun each rank
+writes its own (`steps-F-L-rank1.json` ...).
 
-Profiling only watches: the weights are the same with it as without. A window that an
-earlier attempt of the run profiled already is not profiled again, so its files are kept.
+Profiling only watches: the weights are the same with it as without, and a failure to write
+the profile is a warning, not the run's end. A run that stops with an error inside the window
+writes nothing, and files an earlier attempt wrote are never replaced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -23,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from repro.engine.position import Position
 from repro.files import atomic_path, write_text_atomic
+from repro.runtime import distributed
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +42,15 @@ class StepProfiler:
     def __init__(
         self,
         window: tuple[int, int] | None,
-        folder: Path,
+        run_dir: Path,
         device: torch.device,
         position: Position,
-        rank: int = 0,
-        world: int = 1,
+        dist: distributed.Context | None = None,
     ) -> None:
-        self.window, self.folder, self.device, self.position = window, folder, device, position
-        suffix = f"-rank{rank}" if world > 1 else ""
-        self.trace, self.table = folder / f"trace{suffix}.json", folder / f"ops{suffix}.txt"
+        self.window, self.device, self.position = window, device, position
+        self.folder = run_dir / "profile"
+        dist = dist or distributed.Context()
+        self.suffix = f"-rank{dist.rank}" if dist.world > 1 else ""
         self._profiler: Any = None
         self._span: Any = None  # the current step's span in the trace
 
@@ -54,28 +59,22 @@ class StepProfiler:
             return
         first, last = self.window
         done = self.position.step
-        if done + 1 == first and self._profiler is None:
+        if self._profiler is not None and done == last:
+            self._finish()
+            return
+        if self._profiler is None and done + 1 == first:
             self._start()
-        elif done == last:
-            self.finish()
-        elif first <= done <= last and self._profiler is None:
-            log.info("not profiled: this attempt resumed inside steps %d-%d", first, last)
+        elif self._profiler is None and done >= first:  # resumed inside or after the window
+            if done < last:
+                log.info("not profiled: this attempt resumed inside steps %d-%d", first, last)
             self.window = None
+            return
         if self._profiler is not None:  # a span per step, its wait for data included
             self._end_span()
             self._span = record_function(f"step {done + 1}")
             self._span.__enter__()
 
-    def _end_span(self) -> None:
-        if self._span is not None:
-            self._span.__exit__(None, None, None)
-            self._span = None
-
     def _start(self) -> None:
-        if self.trace.exists():
-            log.info("%s holds these steps' profile already (an earlier attempt): kept", self.trace)
-            self.window = None
-            return
         # Kineto (the profiler's tracing library) prints its stage markers to stdout, and on a
         # machine without a GPU an ERROR line about counting GPUs: noise in the run's output.
         # Its own setting, read when it first starts; a value of the user's is kept.
@@ -86,28 +85,56 @@ class StepProfiler:
         self._profiler = profile(activities=activities)
         self._profiler.start()
 
-    def finish(self) -> None:
-        """Close the window (at its last step, or where the run stopped) and write the files."""
-        if self._profiler is None:
-            return
+    def _end_span(self) -> None:
+        if self._span is not None:
+            self._span.__exit__(None, None, None)
+            self._span = None
+
+    def _stop(self) -> Any:
+        """Stop profiling (the GPU's queued work first: it belongs to the window's steps)."""
         self._end_span()
         profiler, self._profiler = self._profiler, None
-        if self.device.type == "cuda":  # the GPU's queued work belongs to the window's steps
-            torch.cuda.synchronize(self.device)
-        profiler.stop()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            profiler.stop()
+        return profiler
+
+    def _finish(self) -> None:
+        """Close the window where the run is and write what it recorded."""
+        assert self.window is not None
+        first, self.window = self.window[0], None
+        profiler = self._stop()
+        name = f"steps-{first}-{self.position.step}{self.suffix}"
+        trace, table = self.folder / f"{name}.json", self.folder / f"{name}.txt"
+        if trace.exists():
+            log.info("%s was written by an earlier attempt of this run: kept", trace)
+            return
         sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        write_text_atomic(
-            self.table, profiler.key_averages().table(sort_by=sort_by, row_limit=TABLE_ROWS) + "\n"
-        )
-        with atomic_path(self.trace) as tmp:
-            profiler.export_chrome_trace(str(tmp))
-        first = self.window[0] if self.window else 0
-        log.info("profiled steps %d-%d: %s, %s", first, self.position.step, self.trace, self.table)
-        self.window = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            text = profiler.key_averages().table(sort_by=sort_by, row_limit=TABLE_ROWS)
+            write_text_atomic(table, text + "\n")
+            with atomic_path(trace) as tmp:
+                profiler.export_chrome_trace(str(tmp))
+        except OSError as error:  # a full disk: the run itself went well
+            log.warning("the profile of steps %s could not be written: %s", name, error)
+            return
+        log.info("profiled steps %d-%d: %s, %s", first, self.position.step, trace, table)
 
     def __enter__(self) -> StepProfiler:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.finish()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._profiler is None:
+            if self.window is not None and self.position.step < self.window[0]:
+                log.info("not profiled: the run ended before step %d", self.window[0])
+            return
+        if kind is None:
+            self._finish()
+            return
+        # The run's error is what the user must see: the window is left unwritten, and a
+        # second error while stopping (the GPU's, once more) is not raised over it.
+        with contextlib.suppress(Exception):
+            self._stop()
