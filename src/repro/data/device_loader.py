@@ -70,8 +70,8 @@ class DeviceTrainLoader:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[Batch]:
-        for keys in self.sampler:
-            yield self.maker([index for _, index in keys], keys[0][0])
+        for epoch, indices in self.sampler.index_batches():
+            yield self.maker(indices, epoch)
 
 
 class DeviceEvalLoader:

@@ -38,13 +38,19 @@ class EpochBatches(Sampler[list[tuple[int, int]]]):
         return torch.randperm(self.size, generator=torch_generator(self.root_seed, "order", epoch))
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for epoch, indices in self.index_batches():
+            yield [(epoch, index) for index in indices.tolist()]
+
+    def index_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """The same batches as (epoch, int64 tensor of indices): no Python per sample, for
+        loaders that make a batch whole (`dataloader=device`)."""
         step = self.batch_size * self.world
         for epoch in range(self.epoch, self.epoch + self.epochs):
-            order = self.order(epoch).tolist()
+            order = self.order(epoch)
             start = self.start if epoch == self.epoch else 0
             for batch in range(start, self.batches_per_epoch()):
                 first = batch * step + self.rank * self.batch_size
-                yield [(epoch, index) for index in order[first : first + self.batch_size]]
+                yield epoch, order[first : first + self.batch_size]
 
     def __len__(self) -> int:
         return self.epochs * self.batches_per_epoch() - self.start
