@@ -6,9 +6,9 @@
 # IMAGES: CIFAR-10 as an image folder (IMAGES/train/<class>/*, IMAGES/test/<class>/*), decoded
 # into memory by each recipe and throughput run (data.cache=memory); the overhead and data
 # parts use the built-in synthetic data. OUT: where the runs and the tables go; each part
-# writes its table (markdown) to OUT/<part>.md, and every ratio in a table comes from runs of
-# the same call. Use a new OUT each time: a run folder that holds a finished run is not run
-# again. PYTHON names the interpreter (default: python).
+# writes its table (markdown) to OUT/<part>.md (profile: torch.profiler's tables in
+# OUT/profile-<loader>.txt), and every ratio in a table comes from runs of the same call. Use
+# a new OUT each time: a run folder that holds a finished run is not run again. PYTHON names the interpreter (default: python).
 set -euo pipefail
 images=${1:?usage: gpu_figures.sh IMAGES OUT [part]}
 out=${2:?usage: gpu_figures.sh IMAGES OUT [part]}

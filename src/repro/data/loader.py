@@ -8,8 +8,8 @@ configuration. A resumed run starts the sampler at its saved batch position inst
 replaying data.
 
 For in-memory sources the views build a whole batch at once (`__getitems__`, which the
-DataLoader calls with the batch's keys): one gather and vectorised crop and flip, with the
-draws of all samples computed at once, equal to those of the per-sample path.
+DataLoader calls with the batch's keys, `batching.BatchMaker`): one gather that crops and
+flips, with the draws of all samples computed at once, equal to those of the per-sample path.
 
 A run reads each loader through one `Batches` iterator, so its workers start once per run.
 """

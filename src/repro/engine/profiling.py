@@ -108,8 +108,8 @@ class StepProfiler:
         profiler = self._stop()
         name = f"steps-{first}-{self.position.step}{self.suffix}"
         trace, table = self.folder / f"{name}.json", self.folder / f"{name}.txt"
-        if trace.exists():
-            log.info("%s was written by an earlier attempt of this run: kept", trace)
+        if trace.exists() or table.exists():
+            log.info("steps %s were profiled by an earlier attempt of this run: kept", name)
             return
         sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         try:
