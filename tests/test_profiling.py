@@ -92,3 +92,16 @@ def test_a_bad_window_is_refused(window):
     cfg = compose_config(*tiny(f"trainer.profile_steps={window}"))
     with pytest.raises(ConfigError, match=r"trainer\.profile_steps"):
         config.validate(cfg)
+
+
+def test_a_window_the_attempt_cannot_cover_is_not_profiled_and_says_so(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    position = Position(step=2)  # an attempt resumed after step 2
+    with StepProfiler((2, 4), tmp_path, torch.device("cpu"), position) as profiler:
+        profiler.before_step()
+        position.step += 1
+    assert "resumed inside steps 2-4" in caplog.text
+    with StepProfiler((9, 10), tmp_path, torch.device("cpu"), Position()) as profiler:
+        profiler.before_step()
+    assert "the run ended before step 9" in caplog.text
+    assert not (tmp_path / "profile").exists()
