@@ -49,6 +49,7 @@ ADDED = {
     "optimizer.decay_biases_and_norms": True,
     "optimizer.lr_scale_biases_and_norms": 1.0,
     "trainer.init_weights": None,
+    "trainer.profile_steps": None,
 }
 
 
