@@ -10,10 +10,10 @@ import pickle
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode  # no public name yet
 from torch.utils.data import default_collate
 
 from repro import build
+from repro.benchmarks.operators import DeviceOps
 from repro.data.batching import BatchMaker
 from repro.data.device_loader import DeviceTrainLoader
 from repro.data.loader import Batches, EvalView, LoaderContext, TrainView
@@ -178,22 +178,6 @@ def test_prefetcher_gives_the_same_batches_on_the_gpu():
     for (images, labels), (raw, raw_labels) in zip(prefetched, batches, strict=True):
         assert torch.equal(images, prepare(raw, raw_labels)[0])
         assert torch.equal(labels.cpu(), raw_labels)
-
-
-class DeviceOps(TorchDispatchMode):
-    """Counts the operators that make a tensor on the meta device (views left out)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        outs = out if isinstance(out, tuple | list) else (out,)
-        views = {"aten.view.default", "aten.unbind.int", "aten.detach.default"}
-        made_there = any(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs)
-        self.count += made_there and str(func) not in views
-        return out
 
 
 @pytest.mark.parametrize(
