@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from repro.models.layers import GlobalMaxPool, Scale
+
 
 def conv_bn(cin: int, cout: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True)]
@@ -21,23 +23,6 @@ class Residual(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x)
-
-
-class Scale(nn.Module):
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.factor
-
-
-class GlobalMaxPool(nn.Module):
-    """(N, C, H, W) -> (N, C). Not nn.AdaptiveMaxPool2d: its CUDA backward has no deterministic
-    implementation, so it would fail under cudnn=deterministic."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.amax(dim=(2, 3))
 
 
 class ResNet9(nn.Sequential):

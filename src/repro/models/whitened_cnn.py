@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional
 
-from repro.models.resnet9 import Scale
+from repro.models.layers import GlobalMaxPool, Scale
 
 
 class PatchWhitening(nn.Conv2d):
@@ -65,16 +64,6 @@ def norm(channels: int, momentum: float) -> nn.BatchNorm2d:
     layer = nn.BatchNorm2d(channels, momentum=momentum, eps=1e-12)
     layer.weight.requires_grad_(False)
     return layer
-
-
-class GlobalMaxPool(nn.Module):
-    """(N, C, H, W) -> (N, C) through max_pool2d, whose backward sends each gradient to the
-    one position its index names. Not `amax`, whose backward divides among the positions
-    equal to the maximum: compiled in bf16 on a CPU (torch 2.15), after a GELU, it gave NaN
-    gradients. Not AdaptiveMaxPool2d: its CUDA backward has no deterministic implementation."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return functional.max_pool2d(x, x.shape[-2:]).flatten(1)
 
 
 class ConvGroup(nn.Sequential):
