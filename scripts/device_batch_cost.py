@@ -24,7 +24,9 @@ PIPELINES = {
     "airbench (pad 2 reflected, alternate flips)": dict(
         crop_padding=2, flip="alternate", padding_mode="reflect"
     ),
-    "speedrun (pad 4, flips, Cutout 8)": dict(crop_padding=4, cutout=8),
+    "speedrun (pad 4 reflected, flips, Cutout 8)": dict(
+        crop_padding=4, cutout=8, padding_mode="reflect"
+    ),
 }
 
 

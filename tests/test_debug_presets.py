@@ -92,7 +92,7 @@ def test_experiments_compose():
     assert images.data.root == "/somewhere"
 
 
-def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer():
+def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer_and_runs(tmp_path):
     cfg = compose_config("experiment=cifar10_speedrun")
     # compile off: on an H100 it made this recipe slower (docs/benchmarks.md)
     assert (cfg.dataloader.on_device, cfg.amp.mode, cfg.trainer.compile) == (True, "bf16", False)
@@ -104,6 +104,15 @@ def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer():
     assert logits.shape == (2, 10)
     logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+    # Its whole pipeline on a little synthetic data: the device loader's reflected crops,
+    # flips and Cutout, the fused optimizer, test-time flips.
+    assert (cfg.augment.crop_padding_mode, cfg.augment.cutout) == ("reflect", 8)
+    summary = train_in_process(
+        tmp_path, "experiment=cifar10_speedrun", "data=synthetic", "data.train_size=256",
+        "data.val_size=64", "data.test_size=64", "trainer.batch_size=64", "trainer.epochs=2",
+        "+model.widths=[8,8,8,8]", "trainer.device=cpu", "logger.plot=false",
+    )  # fmt: skip
+    assert summary["completed"] and summary["total_steps"] == 8 and 0 <= summary["test_acc"] <= 1
 
 
 def test_the_airbench_recipe_runs_end_to_end(tmp_path):
