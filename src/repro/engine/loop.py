@@ -196,7 +196,7 @@ class Trainer:
                     pos.epoch, pos.batch = pos.epoch + 1, 0
                 if cadence.evaluate(pos, epoch_ended, self._finished()):
                     self.evaluate_and_log(throughput)
-                    if self._patience_spent():
+                    if self.best.spent(self.settings.patience):
                         self.stopped_early = True  # first: the checkpoint records it
                         self.checkpoint()
                         return
@@ -215,11 +215,6 @@ class Trainer:
 
     def _finished(self) -> bool:
         return self.stopped_early or self.position.step >= self.total_steps
-
-    def _patience_spent(self) -> bool:
-        """`patience` evaluations in a row without a better monitored value."""
-        patience = self.settings.patience
-        return patience is not None and self.best.stale >= patience
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One optimizer step on a batch already on the device; the loss, left on the device."""
@@ -295,11 +290,8 @@ class Trainer:
         """After an evaluation: a better monitored value writes best.pt (the whole state, so
         `repro.evaluate` and a test after training read it like any checkpoint)."""
         value = self.last_eval[self.settings.monitor]
-        if not self.best.improves(value, self.settings.monitor_mode):
-            self.best.stale += 1
-            return
-        self.best = Best(value, self.position.step, 0)
-        if self.settings.save_checkpoints:
+        improved = self.best.record(value, self.position.step, self.settings.monitor_mode)
+        if improved and self.settings.save_checkpoints:
             state = self.state_dict()  # a collective: every rank takes part
             if self.dist.is_main:
                 self.checkpointer.save_best(state, self.position.step)

@@ -33,3 +33,15 @@ class Best:
         if self.value is None or math.isnan(self.value):
             return not math.isnan(value)
         return value > self.value if mode == "max" else value < self.value
+
+    def record(self, value: float, step: int, mode: str) -> bool:
+        """Take an evaluation's monitored value; whether it is the new best."""
+        if not self.improves(value, mode):
+            self.stale += 1
+            return False
+        self.value, self.step, self.stale = value, step, 0
+        return True
+
+    def spent(self, patience: int | None) -> bool:
+        """`patience` evaluations in a row without a better value (None: never)."""
+        return patience is not None and self.stale >= patience
