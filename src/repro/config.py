@@ -26,6 +26,7 @@ CHOICES = {
     "trainer.monitor_mode": ("max", "min"),
     "trainer.test_weights": ("best", "last", "ema"),
     "trainer.tta": ("none", "flip", "flip_translate"),
+    "trainer.lookahead_ramp": ("constant", "cubic"),
     "augment.flip": ("random", "alternate"),
     "augment.crop_padding_mode": ("zeros", "reflect", "edge"),
     "logger.progress": ("auto", "on", "off"),
@@ -42,6 +43,7 @@ MINIMUM = {
     "trainer.eval_every_steps": (1, True),
     "trainer.checkpoint_every_steps": (1, True),
     "trainer.halt_at_step": (1, True),
+    "trainer.lookahead_every": (1, True),
     "trainer.num_threads": (1, True),
     "trainer.keep_checkpoints": (1, False),
     "trainer.patience": (1, True),
@@ -193,7 +195,8 @@ MONITORED = ("val_acc", "val_loss", "ema_val_acc", "ema_val_loss")
 
 
 def _check_trainer_extras(trainer: DictConfig) -> None:
-    """Best-checkpoint, EMA and accumulation settings that must agree with each other."""
+    """Best-checkpoint, EMA, lookahead and accumulation settings that must agree with each
+    other or lie in a range."""
     if trainer.monitor not in MONITORED:
         raise ConfigError("trainer.monitor", trainer.monitor, f"one of {', '.join(MONITORED)}")
     uses_ema = trainer.monitor.startswith("ema_") or trainer.test_weights == "ema"
@@ -202,6 +205,8 @@ def _check_trainer_extras(trainer: DictConfig) -> None:
         raise ConfigError(key, trainer.get(key.split(".")[1]), "needs trainer.ema_decay set")
     if trainer.ema_decay is not None and not 0 < trainer.ema_decay < 1:
         raise ConfigError("trainer.ema_decay", trainer.ema_decay, "null or in (0, 1)")
+    if not 0 <= trainer.lookahead_decay < 1:
+        raise ConfigError("trainer.lookahead_decay", trainer.lookahead_decay, "in [0, 1)")
     if trainer.world_invariant:
         _check_world_invariant(trainer)
     window = trainer.profile_steps

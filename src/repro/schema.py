@@ -113,6 +113,9 @@ class TrainerConfig:
     monitor_mode: str = MISSING  # max | min
     patience: Optional[int] = MISSING
     ema_decay: Optional[float] = MISSING
+    lookahead_every: Optional[int] = MISSING  # steps between pulls of the slow weights
+    lookahead_decay: float = MISSING
+    lookahead_ramp: str = MISSING  # constant | cubic
     accumulate_steps: int = MISSING
     test_after_fit: bool = MISSING
     test_weights: str = MISSING  # best | last | ema

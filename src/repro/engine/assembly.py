@@ -26,6 +26,7 @@ from repro.engine.ema import WeightAverage
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.invariant import InvariantStep
 from repro.engine.loggers import MetricsLog
+from repro.engine.lookahead import Lookahead
 from repro.engine.loop import LoopSettings, Trainer
 from repro.engine.mixing import BatchMixer
 from repro.errors import ConfigError
@@ -178,8 +179,16 @@ def trainer(
         forward_model=parts.forward_model,
         mixer=_mixer(cfg, int(cfg.seed.value), knobs.dist.rank),  # the resolved root seed
         ema=ema,
+        lookahead=_lookahead(cfg.trainer, parts),
         step=_invariant_step(cfg, knobs, parts, ema) if cfg.trainer.world_invariant else None,
     )
+
+
+def _lookahead(trainer: Any, parts: Parts) -> Lookahead | None:
+    if trainer.lookahead_every is None:
+        return None
+    every, decay = int(trainer.lookahead_every), float(trainer.lookahead_decay)
+    return Lookahead(parts.model, every, decay, str(trainer.lookahead_ramp), parts.total_steps)
 
 
 def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, ema: Any) -> InvariantStep:

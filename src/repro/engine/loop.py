@@ -21,6 +21,7 @@ from repro.engine.ema import WeightAverage
 from repro.engine.evaluation import evaluate
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.loggers import MetricsLog
+from repro.engine.lookahead import Lookahead
 from repro.engine.losses import PendingLosses
 from repro.engine.metrics import Throughput
 from repro.engine.mixing import BatchMixer
@@ -57,6 +58,7 @@ class Trainer:
     forward_model: nn.Module | None = None  # the DDP wrapper under torchrun; None: the model
     mixer: BatchMixer | None = None  # MixUp / CutMix
     ema: WeightAverage | None = None  # trainer.ema_decay
+    lookahead: Lookahead | None = None  # trainer.lookahead_every
     step: Any = None  # one optimizer step; None: an OptimizerStep over the fields above
     position: Position = field(default_factory=Position)
     last_eval: dict[str, float] = field(default_factory=dict)
@@ -97,10 +99,14 @@ class Trainer:
             "last_eval": dict(self.last_eval),
             "best": vars(self.best).copy(),
             "stopped_early": self.stopped_early,
-            "ema": self.ema.state_dict() if self.ema is not None else None,
+            **{name: None if part is None else part.state_dict() for name, part in self._options()},
             "rng": self._rng_states(),
             **self.extra_state,
         }
+
+    def _options(self) -> list[tuple[str, Any]]:
+        """The optional parts with state of their own: the weight average, lookahead."""
+        return [("ema", self.ema), ("lookahead", self.lookahead)]
 
     def _rng_states(self) -> list[dict[str, Any]]:
         """Every rank's generator states, in rank order (rank 0's alone when the run is
@@ -117,10 +123,11 @@ class Trainer:
         self.last_eval = dict(state["last_eval"])
         self.best = Best(**state.get("best", {}))
         self.stopped_early = bool(state.get("stopped_early", False))
-        if self.ema is not None:
-            if state.get("ema") is None:
-                raise CheckpointError("the checkpoint holds no weight average to resume")
-            self.ema.load_state_dict(state["ema"])
+        for name, part in self._options():
+            if part is not None and state.get(name) is None:
+                raise CheckpointError(f"the checkpoint holds no {name} state to resume")
+            if part is not None:
+                part.load_state_dict(state[name])
         if self.settings.world_invariant:  # nothing depends on the world size: rank 0's will do
             restore_rng(state["rng"][0], self.device)
             return
@@ -183,6 +190,8 @@ class Trainer:
                 self.losses.append(self.train_step(images, labels))
                 pos.batch += 1
                 pos.step += 1
+                if self.lookahead is not None:
+                    self.lookahead.after_step(pos.step)
                 if not progress.disable:
                     progress.advance(task)
                 faults.point("step", pos.step, settle=self.checkpointer.wait)

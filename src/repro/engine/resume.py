@@ -50,6 +50,9 @@ ADDED = {
     "optimizer.lr_scale_biases_and_norms": 1.0,
     "trainer.init_weights": None,
     "trainer.profile_steps": None,
+    "trainer.lookahead_every": None,
+    "trainer.lookahead_decay": 0.5,
+    "trainer.lookahead_ramp": "constant",
 }
 
 

@@ -1,0 +1,93 @@
+"""trainer.lookahead_every: slow weights pulled towards the trained ones, trained on from there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from repro.engine.checkpoint import load
+from repro.engine.lookahead import Lookahead
+from repro.errors import ConfigError
+
+from conftest import tiny, train_in_process
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+
+
+def train_a_little(net: nn.Module) -> None:
+    """Move every weight and the BatchNorm statistics, as a step would."""
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.add_(torch.randn_like(parameter))
+    net(torch.randn(8, 4))  # running statistics and the step count move
+
+
+def snapshot(net: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in net.state_dict().items()}
+
+
+def test_pulls_come_on_the_cadence_and_at_the_last_step_and_the_model_trains_on_from_them():
+    net = model()
+    start = snapshot(net)
+    lookahead = Lookahead(net, every=3, decay=0.75, ramp="constant", total_steps=7)
+    for step in (1, 2):
+        train_a_little(net)
+        trained = snapshot(net)
+        lookahead.after_step(step)  # off the cadence: nothing moves
+        assert all(torch.equal(net.state_dict()[name], trained[name]) for name in trained)
+    train_a_little(net)
+    trained = snapshot(net)
+    lookahead.after_step(3)
+    for name, now in net.state_dict().items():
+        if name.endswith("num_batches_tracked"):  # an integer: left to training
+            assert torch.equal(now, trained[name])
+        else:
+            assert torch.allclose(now, 0.75 * start[name] + 0.25 * trained[name]), name
+    pulled = {name: tensor.clone() for name, tensor in lookahead.state_dict().items()}
+    train_a_little(net)
+    lookahead.after_step(7)  # the run's last step, off the cadence: pulled all the same
+    slow = lookahead.state_dict()
+    assert list(slow) == [name for name in net.state_dict() if "num_batches" not in name]
+    assert not all(torch.equal(slow[name], pulled[name]) for name in slow)
+    assert all(torch.equal(net.state_dict()[name], slow[name]) for name in slow)
+
+
+def test_the_cubic_ramp_grows_from_no_pull_to_the_decay():
+    lookahead = Lookahead(model(), every=5, decay=0.8, ramp="cubic", total_steps=100)
+    assert [lookahead.decay_at(step) for step in (0, 50, 100)] == [0.0, 0.1, 0.8]
+    assert Lookahead(model(), 5, 0.8, "constant", 100).decay_at(50) == 0.8
+
+
+RUN = tiny("trainer.epochs=2", "trainer.lookahead_every=4", "trainer.lookahead_ramp=cubic")
+
+
+def test_a_run_with_lookahead_trains_otherwise_and_resumes_exactly_between_two_pulls(tmp_path):
+    straight = train_in_process(tmp_path / "straight", *RUN)
+    plain = train_in_process(tmp_path / "plain", *tiny("trainer.epochs=2"))
+    assert straight["weights_sha256"] != plain["weights_sha256"]
+    train_in_process(tmp_path / "resumed", *RUN, "trainer.halt_at_step=6")
+    halted = load(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    # Step 6 is between the pulls at 4 and 8: the slow weights are not the model's.
+    assert any(not torch.equal(slow, halted["model"][name]) for name, slow in
+               halted["lookahead"].items())  # fmt: skip
+    resumed = train_in_process(tmp_path / "resumed", *RUN)
+    assert resumed["resumed_from_step"] == 6
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.lookahead_every=0", "trainer.lookahead_every"),
+        ("trainer.lookahead_decay=1", "trainer.lookahead_decay"),
+        ("trainer.lookahead_decay=-0.1", "trainer.lookahead_decay"),
+        ("trainer.lookahead_ramp=linear", "trainer.lookahead_ramp"),
+    ],
+)
+def test_settings_out_of_range_are_refused(override, key, tmp_path):
+    with pytest.raises(ConfigError, match=key):
+        train_in_process(tmp_path, *tiny(override))
