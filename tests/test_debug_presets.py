@@ -120,10 +120,11 @@ def test_the_airbench_recipe_runs_end_to_end(tmp_path):
     assert (cfg.model._target_.endswith("WhitenedCNN"), cfg.augment.flip, cfg.trainer.tta) == (
         True, "alternate", "flip",
     )  # fmt: skip
+    assert (cfg.trainer.lookahead_every, cfg.trainer.lookahead_ramp) == (5, "cubic")
     groups = build.optimizer(cfg, build.model(cfg, 0), Precision("bf16", torch.device("cpu")))
     assert [group["lr"] for group in groups.param_groups] == [1.5, 1.5 * 64]
     # Its whole pipeline on a little synthetic data: the fit, the device loader, the fused
-    # optimizer, alternating flips, test-time flips.
+    # optimizer, alternating flips, lookahead, test-time flips.
     summary = train_in_process(
         tmp_path, "experiment=cifar10_airbench", "data=synthetic", "data.train_size=256",
         "data.val_size=64", "data.test_size=64", "trainer.batch_size=64", "trainer.epochs=2",
