@@ -27,11 +27,20 @@ from repro.runtime.transfer import DeviceBatches, prefetched
 log = logging.getLogger(__name__)
 
 
-def model(cfg: Any, root_seed: int) -> nn.Module:
-    """Instantiate `cfg.model` with torch's generator seeded from the `model` stream."""
+def model(cfg: Any, root_seed: int, num_classes: int | None = None) -> nn.Module:
+    """Instantiate `cfg.model` with torch's generator seeded from the `model` stream.
+
+    `num_classes` is the class count the data implies: a model whose config leaves its own to
+    the data (`num_classes: null`, as `${data.num_classes}` is for an image folder) gets it as
+    an argument. It is never written into the config, so a resume compares only what the user
+    asked for.
+    """
+    implied = {}
+    if num_classes is not None and cfg.model.get("num_classes", 0) is None:
+        implied["num_classes"] = num_classes
     with seeded(root_seed, "model"):
         try:
-            built = instantiate(cfg.model)
+            built = instantiate(cfg.model, **implied)
         except Exception as error:  # instantiate wraps import and argument errors alike
             target = cfg.model.get("_target_")
             raise ConfigError("model._target_", target, f"could not build it: {error}") from None
@@ -89,11 +98,9 @@ def optimizer(cfg: Any, model: nn.Module, precision: Precision) -> torch.optim.O
 
 
 def splits(cfg: Any, root_seed: int) -> Splits:
+    """The configured dataset's splits; what they imply (their classes) stays out of `cfg`."""
     progress = OmegaConf.select(cfg, "logger.progress", default="auto")
-    built = build_splits(cfg.data, root_seed, progress)
-    if cfg.data.num_classes is None:
-        cfg.data.num_classes = len(built.classes)
-    return built
+    return build_splits(cfg.data, root_seed, progress)
 
 
 def pipelines(cfg: Any, resized: bool = False) -> tuple[transforms.Compose, transforms.Compose]:

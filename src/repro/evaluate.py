@@ -25,10 +25,11 @@ from repro import build
 from repro.data.cache import decode
 from repro.data.loader import Batches
 from repro.data.sources import ImageFiles
+from repro.engine import resume
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
 from repro.files import json_text
-from repro.restore import arguments, output_file, restore, write_result
+from repro.restore import arguments, classes_of, output_file, restore, write_result
 
 SPLITS = ("train", "val", "test")
 ARGUMENTS = {
@@ -64,13 +65,15 @@ def evaluate_checkpoint(
     cfg = run.cfg
     cached = cfg.data.get("cache", "none") == "memory"
     cfg.data.cache = "none"  # decode only the split evaluated
-    source = getattr(build.splits(cfg, run.state["root_seed"]), split)
+    data = build.splits(cfg, run.state["root_seed"])
+    resume.check_same_classes(run.state, data.classes, cfg.data.root, "its outputs mean others")
+    source = getattr(data, split)
     if cached and isinstance(source, ImageFiles):
         source = decode(source, cfg.data, split, cfg.logger.get("progress", "auto"))
     _, eval_transform = build.pipelines(cfg, resized=cached)
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast
-    classes = int(cfg.data.num_classes) if per_class else None
+    classes = classes_of(run.state, cfg) if per_class else None
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
         result = evaluate(

@@ -68,12 +68,18 @@ def restore(
     except ConfigError:  # trained with fp16 on a GPU, run on a CPU: full precision
         precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
-    model = build.model(cfg, state["root_seed"])
+    model = build.model(cfg, state["root_seed"], num_classes=classes_of(state, cfg))
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device)).eval()
     to_device = build.device_batches(cfg, device)
     tta = tta or cfg.trainer.tta
     return Restored(cfg, state, model, device, precision, memory_format, to_device, tta)
+
+
+def classes_of(state: dict[str, Any], cfg: DictConfig) -> int:
+    """How many classes the checkpoint's model tells apart: its data's, as recorded."""
+    recorded = state.get("classes")
+    return len(recorded) if recorded else int(cfg.data.num_classes)
 
 
 def arguments(argv: list[str], allowed: set[str]) -> DictConfig:

@@ -59,6 +59,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     seeding.seed_globals(root_seed, rank=dist.rank)
 
     parts = assembly.build_parts(cfg, knobs, root_seed, initialise=state is None)
+    if state:
+        resume.check_same_data(state, parts.data, cfg.data.root)
     data_fingerprint = fingerprint.fingerprint(parts.data, cfg.data.root) if dist.is_main else None
     if state and _already_complete(run_dir, state, parts.total_steps):
         return {**read_summary(run_dir), "already_complete": True}
@@ -76,6 +78,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "root_seed": root_seed,
         "init_weights": started_from,
         "classes": list(parts.data.classes),  # names for repro.predict's output
+        "split_sizes": resume.split_sizes(parts.data),  # a resume checks its data against them
     }
     trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
     _start(trainer, state, run_dir)

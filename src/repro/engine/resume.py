@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from repro import config
+from repro.data.datasets import Splits
 from repro.engine import checkpoint
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.fingerprint_log import FingerprintLog
@@ -54,6 +55,10 @@ ADDED = {
     "trainer.lookahead_decay": 0.5,
     "trainer.lookahead_ramp": "constant",
 }
+
+
+# Keys whose null means "as the data says" (an image folder's class count).
+INFERRED = ("data.num_classes", "model.num_classes")
 
 
 def fill_added(cfg: DictConfig) -> None:
@@ -108,7 +113,8 @@ def check_length(state: dict[str, Any], total_steps: int) -> int:
 def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str, str]) -> None:
     """Refuse to resume under a config that differs in anything that changes results, or on
     a machine where the same config resolves otherwise (`amp=auto`, `trainer.device=auto`)."""
-    _check_config(state["config"], cfg)
+    classes = len(state["classes"]) if state.get("classes") else None
+    _check_config(state["config"], cfg, classes)
     changed = [key for key in sorted(resolved) if state["resolved"].get(key) != resolved[key]]
     if changed:
         shown = "; ".join(f"{k}: {state['resolved'].get(k)!r} -> {resolved[k]!r}" for k in changed)
@@ -119,9 +125,14 @@ def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str,
         )
 
 
-def _check_config(saved: dict[str, Any], cfg: DictConfig) -> None:
+def _check_config(saved: dict[str, Any], cfg: DictConfig, classes: int | None) -> None:
     now = ADDED | config.flatten(OmegaConf.to_container(cfg, resolve=True))
     before = ADDED | config.flatten(saved)
+    # Left to the data (null) now, stored as the count it inferred by a checkpoint written
+    # before inferred values stayed out of the config: the same request.
+    for key in INFERRED:
+        if now.get(key, 0) is None and before.get(key) == classes:
+            now[key] = classes
     differing = sorted(
         key
         for key in now.keys() | before.keys()
@@ -133,6 +144,44 @@ def _check_config(saved: dict[str, Any], cfg: DictConfig) -> None:
             f"the config differs from the checkpoint's in {len(differing)} key(s) that change "
             f"results ({shown}); use a new run folder, or set them back"
         )
+
+
+def check_same_data(state: dict[str, Any], data: Splits, root: Any) -> None:
+    """The data a run resumes on must be what its checkpoint trained on: the same classes in
+    the same order, and as many images in every split."""
+    check_same_classes(state, data.classes, root, "resuming would train another problem")
+    recorded = state.get("split_sizes") or {}
+    now = split_sizes(data)
+    changed = [f"{split} {recorded[split]} -> {now[split]}" for split in now
+               if split in recorded and recorded[split] != now[split]]  # fmt: skip
+    if changed:
+        raise CheckpointError(
+            f"data.root={root}: the data's splits changed since this run folder's checkpoint "
+            f"({', '.join(changed)} images); resuming would not continue the same run: put the "
+            "data back as it was, or train the new data in a new run folder"
+        )
+
+
+def check_same_classes(state: dict[str, Any], classes: list[str], root: Any, why: str) -> None:
+    """The data's classes are the ones the checkpoint's model was trained on, in its order."""
+    trained_on = state.get("classes")
+    if trained_on is not None and list(trained_on) != list(classes):
+        raise CheckpointError(
+            f"data.root={root}: the data has the classes {_listed(classes)}, but the checkpoint "
+            f"was trained on {_listed(trained_on)}; {why}: point data.root at the data it was "
+            "trained on, or put that data back as it was"
+        )
+
+
+def split_sizes(data: Splits) -> dict[str, int]:
+    """How many images each split holds: stored in checkpoints for `check_same_data`."""
+    return {"train": len(data.train), "val": len(data.val), "test": len(data.test)}
+
+
+def _listed(classes: Any) -> str:
+    names = [str(name) for name in classes]
+    shown = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+    return f"[{shown}]"
 
 
 def truncate_logs(run_dir: Path, step: int) -> None:
