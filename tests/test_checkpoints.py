@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from repro import evaluate
 from repro.engine import checkpoint, resume
-from repro.engine.checkpoint import Checkpointer, TruncatedCheckpointError
+from repro.engine.checkpoint import Checkpointer, DamagedCheckpointError
 from repro.errors import CheckpointError
 
 from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
@@ -60,7 +60,7 @@ def test_truncated_newest_falls_back_to_the_previous_good_one(tmp_path):
     path, state = Checkpointer(folder, keep=3).latest_good()
     assert path.name == "step-00000010.pt" and state["position"]["step"] == 10
     assert newest.exists() and (folder / "last.pt").exists(), "nothing is deleted"
-    with pytest.raises(TruncatedCheckpointError):
+    with pytest.raises(DamagedCheckpointError):
         checkpoint.load(newest)
 
 
@@ -96,7 +96,7 @@ def test_foreign_and_malicious_files_are_refused(tmp_path):
     torch.save({"format": "repro-checkpoint", "version": 1, "payload": Exploit()}, evil)
     with pytest.raises(CheckpointError, match="refused") as refused:
         checkpoint.load(evil)
-    assert not isinstance(refused.value, TruncatedCheckpointError)
+    assert not isinstance(refused.value, DamagedCheckpointError)
     assert not os.path.exists("/tmp/repro-pwned")
 
 

@@ -10,15 +10,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from repro.engine.history import DIED
+from repro.engine.run_lock import LOCK_FILE
+
 from conftest import read_summary, run_cli, tiny
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    """Every file under `folder` (hidden ones too) and a hash of its bytes."""
+    """Every file under `folder` (hidden ones too) and a hash of its bytes; but run.lock,
+    which names the folder's current owner, not part of the run's record."""
     return {
         str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(folder.rglob("*"))
-        if path.is_file()
+        if path.is_file() and path.name != LOCK_FILE
     }
 
 
@@ -105,13 +109,15 @@ def test_a_refused_first_try_leaves_hydra_to_the_first_attempt_that_trains(tmp_p
 
 
 @pytest.mark.e2e
-def test_a_killed_attempt_stays_marked_running_and_the_resume_is_recorded(tmp_path):
+def test_a_killed_attempt_is_marked_died_by_the_resume_which_is_recorded(tmp_path):
     run_dir = tmp_path / "run"
     command = [*tiny("trainer.checkpoint_every_steps=2"), f"hydra.run.dir={run_dir}"]
     killed = run_cli("repro.train", *command, env={"REPRO_FAULT": "step:3"})
     assert killed.returncode != 0
-    assert [a["result"] for a in attempts(run_dir)] == ["running"]
+    assert [a["result"] for a in attempts(run_dir)] == ["running"]  # all SIGKILL leaves
     assert run_cli("repro.train", *command).returncode == 0
     first, second = attempts(run_dir)
-    assert first["result"] == "running" and second["result"] == "completed"
+    assert first["result"] == DIED and second["result"] == "completed"
     assert second["start_step"] == 2
+    assert second["resumed_from"] == "checkpoints/last.pt"
+    assert second["skipped_checkpoints"] == [] and first["resumed_from"] is None

@@ -9,6 +9,8 @@ import sys
 class UserError(Exception):
     """A mistake in the user's input (config, path, data, checkpoint), not a bug."""
 
+    noted_in_log = True  # false where the run folder's log is another process's
+
 
 class ConfigError(UserError):
     """A config value that is not allowed: names the key, the value and what is allowed."""
@@ -41,7 +43,7 @@ def exit_with(error: UserError, code: int = 2) -> None:
     record = logging.makeLogRecord(
         {"name": "repro", "levelno": logging.ERROR, "levelname": "ERROR", "msg": message}
     )
-    for handler in logging.getLogger().handlers:
+    for handler in logging.getLogger().handlers if error.noted_in_log else ():
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
     print(f"error: {message}", file=sys.stderr, flush=True)

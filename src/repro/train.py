@@ -26,7 +26,7 @@ from torch import nn
 
 from repro import config, launch, schema
 from repro.data import fingerprint
-from repro.engine import assembly, final_test, history, resume
+from repro.engine import assembly, final_test, history, resume, run_lock
 from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog, plot_curves
 from repro.engine.loop import Trainer
@@ -48,9 +48,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     config.validate(cfg)
     dist = distributed.from_environment()  # under torchrun every rank computes, rank 0 writes
     distributed.init(dist)
+    with run_lock.owned(run_dir, dist):  # one live process trains in a folder at a time
+        return _train(cfg, run_dir, dist, started)
+
+
+def _train(
+    cfg: DictConfig, run_dir: Path, dist: distributed.Context, started: float
+) -> dict[str, Any]:
     knobs = assembly.apply_knobs(cfg, dist)
 
-    # A checkpoint to continue from decides the seed, and must fit the config.
+    # A checkpoint to continue from decides the seed, and must fit the config and the data.
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.keep_checkpoints)
     state = resume.find(cfg.trainer.resume, checkpointer)
     cfg.seed.value = root_seed = _root_seed(cfg, state, dist)
@@ -65,36 +72,42 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if state and _already_complete(run_dir, state, parts.total_steps):
         return {**read_summary(run_dir), "already_complete": True}
 
-    # From here on the run writes into its folder: first, this attempt's line in its history.
+    # From here on the run writes into its folder: first, this attempt's line in its history,
+    # which says how the attempt ended whatever stops it (but SIGKILL: the next one says so).
     run_history = history.RunHistory(run_dir)
+    start_step = state["position"]["step"] if state else 0
     if dist.is_main:
-        run_history.begin(cfg, start_step=state["position"]["step"] if state else 0)
-        write_text_atomic(run_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    outputs = assembly.outputs(cfg, run_dir, checkpointer, dist)
-    # What the weights started from stays the first attempt's record (a resume loads none).
-    started_from = state.get("init_weights") if state else parts.initialised
-    saved = {
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "root_seed": root_seed,
-        "init_weights": started_from,
-        "classes": list(parts.data.classes),  # names for repro.predict's output
-        "split_sizes": resume.split_sizes(parts.data),  # a resume checks its data against them
-    }
-    trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
-    _start(trainer, state, run_dir)
-    log.info("training %s", _describe(cfg, parts, knobs))
+        run_history.begin(cfg, start_step, resume.provenance(state, run_dir))
+    trainer = None
     try:
+        if dist.is_main:
+            resolved = OmegaConf.to_yaml(cfg, resolve=True)
+            write_text_atomic(run_dir / "resolved_config.yaml", resolved)
+        outputs = assembly.outputs(cfg, run_dir, checkpointer, dist)
+        # What the weights started from stays the first attempt's record (a resume loads none).
+        started_from = state.get("init_weights") if state else parts.initialised
+        saved = {
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "root_seed": root_seed,
+            "init_weights": started_from,
+            "classes": list(parts.data.classes),  # names for repro.predict's output
+            "split_sizes": resume.split_sizes(parts.data),  # a resume checks its data by them
+        }
+        trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
+        _start(trainer, state, run_dir)
+        log.info("training %s", _describe(cfg, parts, knobs))
         trainer.fit()
+        trainer.metrics.close()
+
+        summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
+        summary |= final_test.test_after_fit(cfg, trainer, parts)  # with trainer.test_after_fit
+        if dist.is_main:
+            _write_records(run_dir, summary, run_history, cfg, trainer.metrics)
     except BaseException as error:
         if dist.is_main:
-            run_history.end(f"failed: {one_line(error)}", trainer.position.step)
+            step = trainer.position.step if trainer is not None else start_step
+            run_history.end(history.failed(error), step)
         raise
-    trainer.metrics.close()
-
-    summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
-    summary |= final_test.test_after_fit(cfg, trainer, parts)  # with trainer.test_after_fit
-    if dist.is_main:
-        _write_records(run_dir, summary, run_history, cfg, trainer.metrics)
     distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
     return summary
 
@@ -219,8 +232,11 @@ def main(cfg: DictConfig) -> float | None:
             raise
         # One job failing must not end the sweep: record why, let the launcher go on.
         log.error("job failed: %s", one_line(error), exc_info=not isinstance(error, UserError))
-        write_text_atomic(run_dir / ERROR_FILE, f"{type(error).__name__}: {one_line(error)}\n")
+        if not isinstance(error, run_lock.RunFolderInUseError):  # the folder is another run's
+            write_text_atomic(run_dir / ERROR_FILE, f"{type(error).__name__}: {one_line(error)}\n")
         return None
+    finally:
+        run_lock.release(run_dir)  # claimed when Hydra named the folder's record
     if summary.get("already_complete"):
         # Printed, not logged: the run's train.log stays as the finished run left it.
         print(

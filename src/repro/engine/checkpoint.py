@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from repro.engine import faults
+from repro.engine import faults, integrity
 from repro.errors import CheckpointError
 from repro.files import atomic_path
 
@@ -32,15 +32,18 @@ log = logging.getLogger(__name__)
 FORMAT = "repro-checkpoint"
 # 2: the RNG state holds the training device's generator only (1 held every visible GPU's).
 # 3: augmentation draws are counter-based (seeding.SampleKeys); 2 resumed with other draws.
-VERSION = 3
+# 4: a digest of the content (engine/integrity.py), checked on every load; 3 has none.
+VERSION = 4
+READABLE = (3, 4)
 ZIP_MAGIC = b"PK\x03\x04"
 STEP_FILE = re.compile(r"^step-(\d{8,})\.pt$")
 BEST_FILE = "best.pt"  # the best evaluated weights (trainer.monitor) that last.pt records
 PENDING_BEST = re.compile(r"^best-(\d{8,})\.pt$")  # a better evaluation since last.pt
 
 
-class TruncatedCheckpointError(CheckpointError):
-    """A checkpoint cut short (a crash while writing one elsewhere, a full disk): skippable."""
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint cut short (a crash while writing one elsewhere, a full disk) or altered
+    since it was written (bit rot, a torn copy): an older one may serve instead."""
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
@@ -120,7 +123,10 @@ def to_host(state: Any) -> tuple[Any, torch.cuda.Event | None]:
 
 
 def atomic_save(obj: Any, path: Path, step: int = -1) -> None:
-    """torch.save through a temporary file, fsync and rename."""
+    """torch.save through a temporary file, fsync and rename; a checkpoint of ours is sealed
+    with the digest of its content on the way."""
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        obj = integrity.sealed(obj)
     with atomic_path(path) as tmp, tmp.open("wb") as handle:
         torch.save(obj, handle)
         handle.flush()
@@ -137,7 +143,7 @@ def load(path: Path, mmap: bool = False) -> dict[str, Any]:
     with path.open("rb") as handle:
         magic = handle.read(len(ZIP_MAGIC))
     if len(magic) < len(ZIP_MAGIC):
-        raise TruncatedCheckpointError(f"{path}: truncated ({len(magic)} bytes)")
+        raise DamagedCheckpointError(f"{path}: truncated ({len(magic)} bytes)")
     if magic != ZIP_MAGIC:
         raise CheckpointError(f"{path}: not a checkpoint (torch.save writes zip archives)")
     try:
@@ -147,15 +153,20 @@ def load(path: Path, mmap: bool = False) -> dict[str, Any]:
             f"{path}: refused, it holds pickled objects other than tensors and plain values "
             "(loading them could run code)"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise TruncatedCheckpointError(
+    except Exception as error:  # a broken archive fails in many ways, all of them damage
+        raise DamagedCheckpointError(
             f"{path}: unreadable or truncated ({error.__class__.__name__})"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a repro checkpoint (no '{FORMAT}' marker)")
-    if state.get("version") != VERSION:
+    if state.get("version") not in READABLE:
         found = state.get("version")
         raise CheckpointError(f"{path}: checkpoint format version {found}, expected {VERSION}")
+    if state["version"] >= 4 and not integrity.intact(state):
+        raise DamagedCheckpointError(
+            f"{path}: damaged, its content no longer matches the digest written with it "
+            "(bit rot, or a torn copy)"
+        )
     return state
 
 
@@ -292,8 +303,9 @@ class Checkpointer:
         path.replace(self.folder / BEST_FILE)
         _fsync_dir(self.folder)
 
-    def latest_good(self) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that loads, falling back past truncated ones with a warning.
+    def latest_good(self, skipped: list[str] | None = None) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that loads, falling back past damaged ones with a warning
+        (each named in `skipped`, when given).
 
         A foreign or unsafe file stops the search: it was put there by someone, and guessing
         past it could resume from the wrong run.
@@ -305,9 +317,14 @@ class Checkpointer:
                 continue
             try:
                 return path, load(path)
-            except TruncatedCheckpointError as error:
+            except DamagedCheckpointError as error:
                 errors.append(error)
                 log.warning("skipping checkpoint: %s", error)
+                if skipped is not None:
+                    skipped.append(str(error))
         if errors:
-            raise CheckpointError(f"no usable checkpoint in {self.folder}; newest: {errors[0]}")
+            raise CheckpointError(
+                f"no usable checkpoint in {self.folder} (newest: {errors[0]}); nothing to resume "
+                "from: move the checkpoints aside to train afresh here, or use a new run folder"
+            )
         return None

@@ -21,19 +21,30 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from repro.errors import UserError, exit_with
+from repro.engine import run_lock
+from repro.errors import UserError, exit_with, one_line
 from repro.files import write_text_atomic
 from repro.runtime import environment
 
 ATTEMPTS_FILE = "attempts.jsonl"
 FIRST_RECORD = ".hydra"
 SOURCE_PATCH = "source.patch"
+DIED = "died: ended without recording a result (killed, or its machine failed)"
 
 
 def record_subdir(output_dir: str) -> str | None:
     """Hydra's `output_subdir` for a job in `output_dir`: `.hydra` until an attempt has trained
-    there, then none (a refused or failed first try leaves nothing worth keeping)."""
-    return None if (Path(output_dir) / ATTEMPTS_FILE).exists() else FIRST_RECORD
+    there, then none (a refused or failed first try leaves nothing worth keeping). Asked before
+    Hydra writes there, so the job claims the folder here: while another live process owns
+    it, nothing is written (training then refuses to start)."""
+    run_dir = Path(output_dir)
+    try:
+        in_use = run_lock.try_claim(run_dir) is not None
+    except OSError:
+        in_use = False  # an unwritable folder: training says so in one line
+    if in_use or (run_dir / ATTEMPTS_FILE).exists():
+        return None
+    return FIRST_RECORD
 
 
 def _command_line() -> str:
@@ -64,9 +75,13 @@ class RunHistory:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
-    def begin(self, cfg: DictConfig, start_step: int) -> None:
-        """Record this attempt before it writes anything else into the folder."""
+    def begin(self, cfg: DictConfig, start_step: int, resumed: dict[str, Any]) -> None:
+        """Record this attempt before it writes anything else into the folder. An earlier
+        attempt still `running` died without a word (this process owns the folder now)."""
         earlier = self.attempts()
+        for attempt in earlier:
+            if attempt["result"] == "running":
+                attempt["result"] = DIED
         number = len(earlier) + 1
         overrides = _task_overrides()
         first_record = self.run_dir / FIRST_RECORD / "config.yaml"
@@ -92,6 +107,7 @@ class RunHistory:
             "git_commit": environment.git_commit(),
             "source_patch": str(patch_file.relative_to(self.run_dir)) if patch else None,
             "start_step": start_step,
+            **resumed,  # the checkpoint it started from, and those it skipped
             "end_step": None,
             "result": "running",  # stays so if the attempt is killed outright
         }
@@ -106,6 +122,11 @@ class RunHistory:
     def _write(self, attempts: list[dict[str, Any]]) -> None:
         lines = "".join(json.dumps(a, sort_keys=True) + "\n" for a in attempts)
         write_text_atomic(self.path, lines)
+
+
+def failed(error: BaseException) -> str:
+    """An attempt's result when `error` ended it."""
+    return f"failed: {one_line(error) or type(error).__name__}"
 
 
 def already_complete(run_dir: Path, checkpoint_step: int, total_steps: int) -> bool:

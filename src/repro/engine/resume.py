@@ -74,8 +74,9 @@ def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:
     """The state to continue from: `auto` (this run folder's newest good one), `never`, a path."""
     if resume == "never":
         return None
+    skipped: list[str] = []
     if resume == "auto":
-        found = checkpointer.latest_good()
+        found = checkpointer.latest_good(skipped)
         if found is None:
             return None
         path, state = found
@@ -83,7 +84,19 @@ def find(resume: str, checkpointer: Checkpointer) -> dict[str, Any] | None:
         path = Path(resume).expanduser()
         state = checkpoint.load(path)
     state["loaded_from"] = str(path)  # logged once the run goes on (a no-op rerun logs nothing)
+    state["skipped"] = skipped  # damaged newer checkpoints, for the attempt's record
     return state
+
+
+def provenance(state: dict[str, Any] | None, run_dir: Path) -> dict[str, Any]:
+    """What an attempt's record says of its start: the checkpoint it resumed from (relative to
+    the run folder when inside it) and the damaged ones it passed over."""
+    if state is None:
+        return {"resumed_from": None, "skipped_checkpoints": []}
+    loaded = Path(state["loaded_from"])
+    inside = loaded.absolute().is_relative_to(run_dir.absolute())
+    shown = str(loaded.absolute().relative_to(run_dir.absolute())) if inside else str(loaded)
+    return {"resumed_from": shown, "skipped_checkpoints": state["skipped"]}
 
 
 def check_seed(state: dict[str, Any], seed_cfg: DictConfig) -> None:

@@ -1,0 +1,115 @@
+"""One live process owns a run folder: an advisory lock on the folder's `run.lock`.
+
+A second launch into a folder whose run is alive (the same command twice, a SLURM requeue
+racing the job it replaces) is refused before it writes anything there. The kernel drops the
+lock when its owner dies, however it dies, so a SIGKILLed run never blocks its own resume.
+Under torchrun rank 0 holds it for every rank; each job of a sweep holds its own folder's.
+
+The lock is taken as early as a job can: when Hydra asks `record_subdir` whether to write
+`.hydra/` (before it writes it), and again, on the same descriptor, when training starts.
+A file system that cannot lock (NFS without lockd, some FUSE mounts) answers ENOLCK or
+EOPNOTSUPP: the run goes on, with a warning that a second launch would not be refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from repro.errors import UserError
+from repro.runtime import distributed
+
+LOCK_FILE = "run.lock"
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+log = logging.getLogger(__name__)
+_held: dict[Path, int] = {}  # run folder -> the descriptor that holds its lock
+
+
+class RunFolderInUseError(UserError):
+    """Another live process trains in the run folder."""
+
+    noted_in_log = False  # the folder's train.log is the live run's, not ours
+
+
+def try_claim(run_dir: Path) -> str | None:
+    """Take `run_dir`'s lock for this process (kept if it holds it already): None once it is
+    ours, else who holds it (pid, host, since when)."""
+    folder = run_dir.absolute()
+    if folder in _held:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = _owner(fd)
+        os.close(fd)
+        return owner
+    except OSError as error:
+        os.close(fd)
+        if error.errno not in NO_LOCKS:
+            raise
+        log.warning(
+            "%s: this file system cannot lock files (%s); a second launch into this folder "
+            "would not be refused",
+            folder,
+            error.strerror,
+        )
+        return None
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%FT%T%z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+    _held[folder] = fd
+    return None
+
+
+def _owner(fd: int) -> str:
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0))
+        return f"pid {owner['pid']} on {owner['host']}, since {owner['since']}"
+    except (OSError, ValueError, KeyError, TypeError):  # the owner is still writing it
+        return "pid not yet recorded"
+
+
+def release(run_dir: Path) -> None:
+    """Let go of `run_dir`'s lock, if this process holds it."""
+    fd = _held.pop(run_dir.absolute(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def owned(run_dir: Path, dist: distributed.Context) -> Iterator[None]:
+    """Own `run_dir` for the block, or raise RunFolderInUseError on every rank before it starts."""
+    owner = try_claim(run_dir) if dist.is_main else None
+    owner = distributed.broadcast(owner, dist)
+    if owner is not None:
+        raise RunFolderInUseError(
+            f"{run_dir} is in use by a live run ({owner}); a second process there would "
+            "overwrite its checkpoints and logs: wait for it to end or stop it, then run the "
+            "same command to resume, or choose another folder (hydra.run.dir=...)"
+        )
+    try:
+        yield
+    finally:
+        release(run_dir)
+
+
+def _forget_in_child() -> None:
+    # A forked child (a DataLoader worker) shares the descriptor: closing its copy keeps the
+    # lock with the parent alone, so the parent's death frees it at once.
+    for fd in _held.values():
+        os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

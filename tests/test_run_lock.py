@@ -1,0 +1,115 @@
+"""One live process per run folder: a second launch is refused naming the owner, the owner is
+unharmed, and a SIGKILLed owner never blocks its resume."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repro.engine import run_lock
+
+from conftest import ROOT, read_summary, run_cli, tiny
+
+COMMAND = tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=2")
+
+
+def _locked_by_someone(run_dir: Path) -> bool:
+    """Whether a lock on run.lock is held (tried through a descriptor of our own)."""
+    fd = os.open(run_dir / run_lock.LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_claim_holds_the_lock_until_released(tmp_path):
+    assert run_lock.try_claim(tmp_path) is None
+    assert run_lock.try_claim(tmp_path) is None  # this process's again: kept
+    assert _locked_by_someone(tmp_path)
+    assert f'"pid": {os.getpid()}' in (tmp_path / run_lock.LOCK_FILE).read_text()
+    run_lock.release(tmp_path)
+    assert not _locked_by_someone(tmp_path)
+
+
+def test_a_forked_child_does_not_keep_the_lock_alive(tmp_path):
+    """A DataLoader worker outliving a SIGKILLed run must not block the resume."""
+    assert run_lock.try_claim(tmp_path) is None
+    ready, started = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child only says it runs, then waits to be killed
+        os.write(started, b"x")
+        time.sleep(60)
+        os._exit(0)
+    try:
+        os.read(ready, 1)  # the child runs: the fork's hooks are done in it
+        run_lock.release(tmp_path)
+        assert not _locked_by_someone(tmp_path), "the child's copy still holds the lock"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def _launch(run_dir: Path, fault: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONHASHSEED": "0", "REPRO_FAULT": fault}
+    log = (run_dir.parent / f"{run_dir.name}-{fault.replace(':', '-')}.log").open("w")
+    command = [sys.executable, "-m", "repro.train", *COMMAND, *extra, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_until_stopped(process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before its stop point"
+        if Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.1)
+    raise AssertionError("the run never reached its stop point")
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
+def test_a_second_launch_is_refused_and_a_killed_owner_blocks_nothing(tmp_path):
+    # A live owner, stopped (SIGSTOP) at step 3 while holding the folder.
+    run_dir = tmp_path / "live"
+    owner = _launch(run_dir, "step:3:SIGSTOP")
+    try:
+        _wait_until_stopped(owner)
+        record = (run_dir / ".hydra" / "config.yaml").read_text()
+        log = (run_dir / "train.log").read_text()
+        second = run_cli("repro.train", *COMMAND, "seed=7", f"hydra.run.dir={run_dir}")
+        assert second.returncode == 2, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"in use by a live run (pid {owner.pid} on " in lines[0]
+        assert (run_dir / ".hydra" / "config.yaml").read_text() == record  # nothing rewritten
+        assert (run_dir / "train.log").read_text() == log
+        assert not (run_dir / "error.txt").exists()
+    finally:
+        owner.send_signal(signal.SIGCONT)
+    assert owner.wait(timeout=300) == 0
+    straight = read_summary(run_dir)["weights_sha256"]  # the owner went on unharmed
+
+    # An owner with DataLoader workers, SIGKILLed: its resume starts at once and is exact.
+    run_dir = tmp_path / "killed"
+    owner = _launch(run_dir, "step:5:SIGSTOP", "dataloader.num_workers=2")
+    try:
+        _wait_until_stopped(owner)
+    finally:
+        owner.kill()
+    owner.wait()
+    resumed = run_cli(
+        "repro.train", *COMMAND, "dataloader.num_workers=2", f"hydra.run.dir={run_dir}"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] == 4
+    assert summary["weights_sha256"] == straight
