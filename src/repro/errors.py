@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -26,6 +27,17 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used."""
+
+
+class StorageError(UserError):
+    """A file system that refused us (full, read-only, permission lost, over quota): names
+    the path and the OS error."""
+
+    def __init__(self, path: object, error: OSError, doing: str = "write") -> None:
+        code = errno.errorcode.get(error.errno or 0)
+        reason = f"{error.strerror or error}" + (f" ({code})" if code else "")
+        super().__init__(f"cannot {doing} {path}: {reason}")
+        self.path, self.error = path, error
 
 
 def one_line(error: BaseException) -> str:

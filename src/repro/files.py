@@ -9,6 +9,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from repro.errors import StorageError
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """What the file system refuses while the block writes `path` (a full disk, a read-only
+    mount, a lost permission) comes out as one StorageError naming `path`."""
+    try:
+        yield
+    except OSError as error:
+        raise StorageError(path, error) from None
+
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
@@ -16,10 +28,16 @@ def atomic_path(path: Path) -> Iterator[Path]:
     one step; if the block raises, it is removed and `path` is left as it was."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        yield tmp
-        tmp.replace(path)
+        with writing(path):
+            yield tmp
+            tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def complete_lines(text: str) -> str:
+    """`text` without a last line cut short (an append that a full disk or a kill tore)."""
+    return text if text.endswith("\n") else text[: text.rfind("\n") + 1]
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -31,7 +31,7 @@ from repro.engine.checkpoint import Checkpointer
 from repro.engine.loggers import MetricsLog, plot_curves
 from repro.engine.loop import Trainer
 from repro.engine.metrics import weights_sha256
-from repro.errors import UserError, exit_with, one_line
+from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runtime import determinism, distributed, environment, seeding
 from repro.sweeps import ERROR_FILE
@@ -105,8 +105,7 @@ def _train(
             _write_records(run_dir, summary, run_history, cfg, trainer.metrics)
     except BaseException as error:
         if dist.is_main:
-            step = trainer.position.step if trainer is not None else start_step
-            run_history.end(history.failed(error), step)
+            run_history.fail(error, trainer.position.step if trainer is not None else start_step)
         raise
     distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
     return summary
@@ -215,6 +214,19 @@ def _result(summary: dict[str, Any]) -> str:
     return "completed" if summary["completed"] else "halted"
 
 
+def _as_user_error(error: Exception, run_dir: Path) -> Exception:
+    """A file system that refused the run (full, read-only, over quota) is no bug: one line,
+    saying that what is on disk is intact and the same command resumes."""
+    if isinstance(error, OSError):  # one no write site turned into a StorageError
+        error = StorageError(error.filename or run_dir, error, doing="use")
+    if isinstance(error, StorageError):
+        return UserError(
+            f"{error}; the files written before are intact: free space (or fix the file "
+            "system), then run the same command to resume"
+        )
+    return error
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -226,6 +238,7 @@ def main(cfg: DictConfig) -> float | None:
     try:
         summary = train(cfg, run_dir)
     except Exception as error:
+        error = _as_user_error(error, run_dir)
         if not in_sweep:
             if isinstance(error, UserError):
                 exit_with(error)

@@ -128,11 +128,40 @@ def atomic_save(obj: Any, path: Path, step: int = -1) -> None:
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         obj = integrity.sealed(obj)
     with atomic_path(path) as tmp, tmp.open("wb") as handle:
-        torch.save(obj, handle)
+        _save(obj, handle)
         handle.flush()
         faults.point("checkpoint", step)
         os.fsync(handle.fileno())
     _fsync_dir(path.parent)
+
+
+def _save(obj: Any, handle: Any) -> None:
+    """torch.save into `handle`, raising the OSError of a write that failed: torch reports it
+    as a RuntimeError of its own ("unexpected pos"), which names neither file nor cause."""
+    noted = _NotedWrites(handle)
+    try:
+        torch.save(obj, noted)
+    except RuntimeError:
+        if noted.refused is not None:
+            raise noted.refused from None
+        raise
+
+
+class _NotedWrites:
+    """A file's writes, and the first OSError one of them raised."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.refused = handle, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.refused = self.refused or error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def load(path: Path, mmap: bool = False) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from repro.files import write_text_atomic
+from repro.files import complete_lines, write_text_atomic, writing
 
 FILE_NAME = "fingerprints.csv"
 
@@ -33,12 +33,13 @@ class FingerprintLog:
         """Steps `first_step`, `first_step + 1`, ...; the hash goes on the last of them."""
         lines = [f"{first_step + offset},{loss!r}," for offset, loss in enumerate(losses)]
         lines[-1] += weights_sha256
-        with self.path.open("a") as handle:
+        with writing(self.path), self.path.open("a") as handle:
             handle.write("\n".join(lines) + "\n")
 
     def read(self) -> list[Row]:
+        """The complete rows (a last line torn by a kill or a full disk is not one)."""
         rows = []
-        for line in self.path.read_text().splitlines():
+        for line in complete_lines(self.path.read_text()).splitlines():
             if line:
                 step, loss, digest = line.split(",")
                 rows.append(Row(int(step), loss, digest))

@@ -11,6 +11,7 @@ tree) the source.patch that rebuilds its code.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import sys
@@ -22,13 +23,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from repro.engine import run_lock
-from repro.errors import UserError, exit_with, one_line
+from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
 from repro.runtime import environment
 
 ATTEMPTS_FILE = "attempts.jsonl"
 FIRST_RECORD = ".hydra"
 SOURCE_PATCH = "source.patch"
+log = logging.getLogger(__name__)
 DIED = "died: ended without recording a result (killed, or its machine failed)"
 
 
@@ -119,14 +121,17 @@ class RunHistory:
         earlier = [a for a in self.attempts() if a["attempt"] != self._current["attempt"]]
         self._write([*earlier, self._current])
 
+    def fail(self, error: BaseException, end_step: int) -> None:
+        """Close this attempt's line as failed by `error`. If the file system refuses that
+        too, say so on the console: `error`, which the caller raises on, matters more."""
+        try:
+            self.end(f"failed: {one_line(error) or type(error).__name__}", end_step)
+        except StorageError as refused:
+            log.warning("%s: the attempt's line still says running", refused)
+
     def _write(self, attempts: list[dict[str, Any]]) -> None:
         lines = "".join(json.dumps(a, sort_keys=True) + "\n" for a in attempts)
         write_text_atomic(self.path, lines)
-
-
-def failed(error: BaseException) -> str:
-    """An attempt's result when `error` ended it."""
-    return f"failed: {one_line(error) or type(error).__name__}"
 
 
 def already_complete(run_dir: Path, checkpoint_step: int, total_steps: int) -> bool:

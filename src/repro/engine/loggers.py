@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.files import atomic_path, write_text_atomic
+from repro.files import atomic_path, complete_lines, write_text_atomic, writing
 
 COLUMNS = (
     "epoch",
@@ -49,10 +49,9 @@ class MetricsLog:
         its own columns)."""
         if not self.path.exists():
             return
-        with self.path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            rows = [row for row in reader if int(row["step"]) <= step]
-            columns = reader.fieldnames or self.columns
+        reader = csv.DictReader(io.StringIO(complete_lines(self.path.read_text()), newline=""))
+        rows = [row for row in reader if int(row["step"]) <= step]
+        columns = reader.fieldnames or self.columns
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, columns)
         writer.writeheader()
@@ -61,7 +60,7 @@ class MetricsLog:
 
     def row(self, values: dict[str, float]) -> None:
         new = not self.path.exists()
-        with self.path.open("a", newline="") as handle:
+        with writing(self.path), self.path.open("a", newline="") as handle:
             writer = csv.DictWriter(handle, self.columns)
             if new:
                 writer.writeheader()
