@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
-from conftest import tiny, train_in_process
+from repro.errors import UserError
+
+from conftest import ROOT, tiny, train_in_process
 
 RUN = tiny("trainer.epochs=2")
 
@@ -51,3 +56,39 @@ def test_wandb_offline_records_the_same_run_in_the_run_folder(tmp_path, monkeypa
     for key in (b"trainer.epochs", b"val_acc", b"test_acc", b"best_step"):
         assert key in log, key
     assert repr(summary["test_acc"]).encode() in log
+
+
+def test_mlflow_takes_a_plain_path_as_a_local_store(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    store = tmp_path / "store"  # no scheme, as MLflow's own docs write it
+    train_in_process(tmp_path / "run", *RUN, "logger=mlflow", f"logger.mlflow.tracking_uri={store}")
+    client = mlflow.tracking.MlflowClient(tracking_uri=store.as_uri())
+    run = client.get_run((tmp_path / "run" / ".mlflow_run_id").read_text().strip())
+    assert run.info.status == "FINISHED"
+
+
+def test_the_default_mlflow_store_is_under_outputs_and_ignored_by_git(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
+    train_in_process(tmp_path / "run", *RUN, "logger=mlflow")
+    stored = [p.relative_to(tmp_path) for p in (tmp_path / "outputs" / "mlruns").rglob("*")]
+    assert stored and not (tmp_path / "mlruns").exists()
+    # In the template, that place is ignored: `git add .` and new_project.py leave it out.
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *(str(p) for p in stored[:3]), "mlruns/x"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert len(ignored.stdout.split()) == min(3, len(stored)) + 1, ignored
+
+
+def test_a_tracker_that_cannot_start_is_one_line_and_fails_the_attempt(tmp_path):
+    pytest.importorskip("mlflow")
+    run_dir = tmp_path / "run"
+    bad = ["logger=mlflow", "logger.mlflow.tracking_uri=nowhere://store"]
+    with pytest.raises(UserError, match="logger=mlflow: the tracker could not start") as refused:
+        train_in_process(run_dir, *RUN, *bad)
+    assert "\n" not in str(refused.value)
+    (attempt,) = (
+        json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()
+    )
+    assert attempt["result"].startswith("failed: logger=mlflow: the tracker could not start")

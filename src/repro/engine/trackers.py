@@ -17,20 +17,41 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from repro.config import flatten
-from repro.errors import ConfigError
+from repro.errors import ConfigError, UserError, one_line
 from repro.files import write_text_atomic
 
 ARTIFACTS = ("summary.json", "metrics.csv", "curves.png", "resolved_config.yaml")
+DEFAULT_MLFLOW_STORE = Path("outputs") / "mlruns"  # under the working directory, ignored by git
 
 
 def from_config(cfg: DictConfig, run_dir: Path) -> list[Any]:
-    """The trackers `logger` asks for, started."""
-    trackers: list[Any] = []
-    if cfg.logger.get("mlflow") is not None:
-        trackers.append(MlflowTracker(cfg, run_dir))
-    if cfg.logger.get("wandb") is not None:
-        trackers.append(WandbTracker(cfg, run_dir))
-    return trackers
+    """The trackers `logger` asks for, started; one that cannot start is one UserError."""
+    kinds = {"mlflow": MlflowTracker, "wandb": WandbTracker}
+    wanted = [name for name in kinds if cfg.logger.get(name) is not None]
+    return [_start(kinds[name], name, cfg, run_dir) for name in wanted]
+
+
+def _start(kind: type, name: str, cfg: DictConfig, run_dir: Path) -> Any:
+    try:
+        return kind(cfg, run_dir)
+    except UserError:
+        raise
+    except Exception as error:  # a tracker's library fails in its own ways: a server, a store
+        said = " ".join(one_line(error).split())  # its messages run over several lines
+        said = said if len(said) <= 400 else said[:400] + " ..."
+        raise UserError(
+            f"logger={name}: the tracker could not start ({type(error).__name__}: {said})"
+        ) from None
+
+
+def mlflow_uri(setting: str | None) -> str:
+    """`logger.mlflow.tracking_uri` as MLflow takes it: null is the local store under
+    outputs/ (never the repository root), and a plain path is a local store there."""
+    if not setting:
+        return (Path.cwd() / DEFAULT_MLFLOW_STORE).as_uri()
+    if "://" in setting or setting.startswith("file:"):
+        return setting
+    return Path(setting).expanduser().absolute().as_uri()
 
 
 def _parameters(cfg: DictConfig) -> dict[str, Any]:
@@ -52,8 +73,8 @@ def _kept_id(run_dir: Path, name: str) -> str | None:
 
 
 class MlflowTracker:
-    """MLflow: a local store under the working directory unless `logger.mlflow.tracking_uri`
-    names another (a server, `sqlite:///...`)."""
+    """MLflow: a local store in outputs/mlruns unless `logger.mlflow.tracking_uri` names
+    another (a folder, a server, `sqlite:///...`)."""
 
     ID_FILE = ".mlflow_run_id"
 
@@ -63,7 +84,7 @@ class MlflowTracker:
         except ImportError:
             raise ConfigError("logger", "mlflow", "install the trackers extra first") from None
         settings = cfg.logger.mlflow
-        uri = settings.tracking_uri or f"file:{Path.cwd() / 'mlruns'}"
+        uri = mlflow_uri(settings.tracking_uri)
         if uri.startswith("file:"):
             # MLflow 3 keeps its file store but asks for this opt-in to use it.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
