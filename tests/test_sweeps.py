@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -27,10 +28,11 @@ def job_dirs(sweep_dir):
 @pytest.mark.e2e
 def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    done = run_cli(
-        "repro.train", "-m", "seed=0,1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-        *SWEEP, f"hydra.sweep.dir={sweep_dir}",
-    )  # fmt: skip
+    sweep_args = [
+        "-m", "seed=0,1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *SWEEP,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]  # fmt: skip
+    done = run_cli("repro.train", *sweep_args)
     assert done.returncode == 0, done.stderr
     assert "| group | metric |" in done.stdout  # the table is printed at the end
 
@@ -49,6 +51,12 @@ def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
     seed0 = next(j for j in summary["jobs"] if j["seed"] == 0)
     alone = train_in_process(tmp_path / "alone", *SWEEP, "seed=0")
     assert seed0["weights_sha256"] == alone["weights_sha256"]
+
+    # Each job's record names the sweep command as typed, and the job's own overrides.
+    for number, job in enumerate(job_dirs(sweep_dir)):
+        attempt = json.loads((job / "attempts.jsonl").read_text().splitlines()[0])
+        assert attempt["command"] == shlex.join(["python", "-m", "repro.train", *sweep_args])
+        assert f"seed.value={number}" in attempt["overrides"]
 
 
 @pytest.mark.e2e
@@ -130,14 +138,16 @@ def test_report_cli_rebuilds_a_partly_failed_sweep(tmp_path):
 @pytest.mark.e2e
 def test_submitit_local_sweep_of_two_jobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    done = run_cli(
-        "repro.train", "-m", "seed=0,1", "hydra/launcher=submitit_local", *SWEEP,
-        f"hydra.sweep.dir={sweep_dir}",
-    )  # fmt: skip
+    sweep_args = [
+        "-m", "seed=0,1", "hydra/launcher=submitit_local", *SWEEP, f"hydra.sweep.dir={sweep_dir}"
+    ]  # fmt: skip
+    done = run_cli("repro.train", *sweep_args)
     assert done.returncode == 0, done.stderr
     jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["ok", "ok"]
     assert jobs[0]["weights_sha256"] != jobs[1]["weights_sha256"]
+    attempt = json.loads((sweep_dir / "1" / "attempts.jsonl").read_text().splitlines()[0])
+    assert attempt["command"] == shlex.join(["python", "-m", "repro.train", *sweep_args])
 
 
 @pytest.mark.e2e

@@ -3,6 +3,7 @@
 - PYTHONHASHSEED is read only when an interpreter starts, so if the user has not set it we
   set it and re-execute the entry point once; children inherit it.
 - `seed=3` is shorthand for `seed.value=3` (seed is also a config group: fixed | random).
+- The command the user typed is kept in the environment for the run records of every job.
 - A run's time stamp and random id, shared by this process, its launcher workers and (through
   a broadcast) every torchrun rank, name one output folder that no other run can share.
 """
@@ -12,10 +13,12 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shlex
 import sys
 import time
 
 DEFAULT_HASH_SEED = "0"
+COMMAND_VARIABLE = "REPRO_COMMAND"
 _SEED_GROUP_OPTIONS = {"fixed", "random"}
 _SEED_ARG = re.compile(r"^seed=(.+)$")
 
@@ -26,6 +29,12 @@ def pin_hash_seed(module: str) -> None:
         return
     os.environ["PYTHONHASHSEED"] = DEFAULT_HASH_SEED
     os.execv(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]])
+
+
+def record_command(module: str) -> None:
+    """Keep the command the user typed, `python -m module ...`, for the run records. Launcher
+    workers (joblib's, submitit's) inherit it: their own argv is the worker's, not the user's."""
+    os.environ[COMMAND_VARIABLE] = shlex.join(["python", "-m", module, *sys.argv[1:]])
 
 
 def expand_seed_shorthand(argv: list[str]) -> list[str]:

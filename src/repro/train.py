@@ -7,9 +7,10 @@ there is a checkpoint, train, write the summary.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.launch import pin_hash_seed
+    from repro.launch import pin_hash_seed, record_command
 
     pin_hash_seed("repro.train")
+    record_command("repro.train")
 
 import json
 import logging

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from repro.engine import run_lock
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
+from repro.launch import COMMAND_VARIABLE
 from repro.runtime import environment
 
 ATTEMPTS_FILE = "attempts.jsonl"
@@ -50,6 +51,10 @@ def record_subdir(output_dir: str) -> str | None:
 
 
 def _command_line() -> str:
+    """The command the user typed: as the entry point recorded it (a sweep's jobs run in
+    launcher workers whose argv is the worker's), else this process's own."""
+    if typed := os.environ.get(COMMAND_VARIABLE):
+        return typed
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     program = ["python", "-m", spec.name] if spec and spec.name else [Path(sys.argv[0]).name]
