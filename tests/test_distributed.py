@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from repro.data.samplers import EpochBatches
-from repro.engine import signals
+from repro.engine import run_lock, signals
 
 from conftest import read_summary, run_cli, tiny, torchrun
 
@@ -140,3 +141,19 @@ def test_the_ranks_test_the_best_pt_its_last_checkpoint_wrote(tmp_path):
     tested = run_cli("repro.evaluate", f"ckpt={best}", "split=test", f"out={out}")
     assert tested.returncode == 0, tested.stderr
     assert json.loads(out.read_text())["acc"] == summary["test_acc"]
+
+
+@pytest.mark.e2e
+def test_every_rank_refuses_a_folder_that_a_live_run_owns(tmp_path):
+    """Rank 0 takes the folder's lock for all ranks: when it is taken, every rank stops."""
+    run_dir = tmp_path / "run"
+    assert run_lock.try_claim(run_dir) is None  # this test process is the live owner
+    try:
+        done = torchrun(*DDP, f"hydra.run.dir={run_dir}")
+    finally:
+        run_lock.release(run_dir)
+    assert done.returncode != 0
+    refusals = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(refusals) == 2, done.stderr[-3000:]  # one line from each rank
+    assert all(f"in use by a live run (pid {os.getpid()} on " in line for line in refusals)
+    assert sorted(path.name for path in run_dir.iterdir()) == [run_lock.LOCK_FILE, "train.log"]

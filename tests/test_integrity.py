@@ -118,3 +118,11 @@ def test_evaluate_refuses_a_damaged_checkpoint(tmp_path):
     flip_byte(best, tensor_spans(best)[0][0])
     with pytest.raises(DamagedCheckpointError, match=r"best\.pt: damaged"):
         evaluate_checkpoint(best)
+
+
+def test_init_weights_refuses_a_damaged_checkpoint_of_ours(tmp_path):
+    train_in_process(tmp_path / "trained", *tiny("trainer.max_steps=2"))
+    last = tmp_path / "trained" / "checkpoints" / "last.pt"
+    flip_byte(last, tensor_spans(last)[0][0])
+    with pytest.raises(CheckpointError, match=r"init_weights=.*last\.pt: damaged"):
+        train_in_process(tmp_path / "tuned", *tiny(f"trainer.init_weights={last}"))

@@ -113,3 +113,16 @@ def test_a_second_launch_is_refused_and_a_killed_owner_blocks_nothing(tmp_path):
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] == 4
     assert summary["weights_sha256"] == straight
+
+
+MOUNTS = """\
+22 1 0:21 / / rw,relatime - ext4 /dev/sda1 rw
+40 22 0:50 / /cluster rw,relatime - nfs4 server:/export rw,vers=4.2,local_lock=none
+41 40 0:51 / /cluster/scratch rw - nfs server:/scratch rw,vers=3,nolock,local_lock=all
+"""
+
+
+def test_nfs_mounts_whose_locks_stay_on_one_host_are_found():
+    assert run_lock.host_only_locks(Path("/cluster/scratch/run"), MOUNTS) == "nolock"
+    assert run_lock.host_only_locks(Path("/cluster/home/run"), MOUNTS) is None  # lockd: seen
+    assert run_lock.host_only_locks(Path("/work/run"), MOUNTS) is None  # not NFS

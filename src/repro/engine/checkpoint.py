@@ -191,12 +191,17 @@ def load(path: Path, mmap: bool = False) -> dict[str, Any]:
     if state.get("version") not in READABLE:
         found = state.get("version")
         raise CheckpointError(f"{path}: checkpoint format version {found}, expected {VERSION}")
-    if state["version"] >= 4 and not integrity.intact(state):
+    check_intact(state, path)
+    return state
+
+
+def check_intact(state: dict[str, Any], path: Path | str) -> None:
+    """Refuse a checkpoint whose content no longer matches its digest (format 3 has none)."""
+    if state.get("version", VERSION) >= 4 and not integrity.intact(state):
         raise DamagedCheckpointError(
             f"{path}: damaged, its content no longer matches the digest written with it "
             "(bit rot, or a torn copy)"
         )
-    return state
 
 
 def best_step_of(path: Path) -> int | None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from repro.engine import checkpoint
 from repro.errors import CheckpointError
 from repro.runtime import distributed
 
@@ -91,6 +92,8 @@ def _weights_in(path: Path, contents: bytes) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"trainer.init_weights={path}: not a torch.save file ({error.__class__.__name__})"
         ) from None
+    if isinstance(state, dict) and state.get("format") == checkpoint.FORMAT:
+        checkpoint.check_intact(state, f"trainer.init_weights={path}")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a whole training checkpoint: ours, or another project's
     if not isinstance(state, dict) or not all(

@@ -69,7 +69,40 @@ def try_claim(run_dir: Path) -> str | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     _held[folder] = fd
+    option = host_only_locks(folder)
+    if option is not None:
+        log.warning(
+            "%s is on NFS mounted with %s: its lock is seen on this host only, so a launch "
+            "into it from another node would not be refused",
+            folder,
+            option,
+        )
     return None
+
+
+def host_only_locks(folder: Path, mountinfo: str | None = None) -> str | None:
+    """The mount option that keeps locks in `folder` on this host (an NFS mount with `nolock`
+    or `local_lock=all|flock`), or None. `mountinfo`: /proc/self/mountinfo's text."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return None  # not Linux: nothing to tell
+    best = ("", "", "")
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        end = fields.index("-", 6)
+        point = fields[4].replace("\\040", " ")
+        inside = folder == Path(point) or Path(point) in folder.parents
+        if inside and len(point) >= len(best[0]):
+            best = (point, fields[end + 1], f"{fields[5]},{fields[end + 3]}")
+    _, kind, options = best
+    if not kind.startswith("nfs"):
+        return None
+    local = [o for o in ("nolock", "local_lock=all", "local_lock=flock") if o in options.split(",")]
+    return local[0] if local else None
 
 
 def _owner(fd: int) -> str:
