@@ -7,15 +7,19 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
+import torch
 
 from repro.engine import checkpoint
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.errors import StorageError
 from repro.files import complete_lines, write_text_atomic
 
-from conftest import read_summary, run_cli, tiny, train_in_process
+from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
 
 COMMAND = tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=2", "model.widths=[8,16]")
 
@@ -52,12 +56,17 @@ def test_a_resume_drops_a_torn_fingerprint_line_and_stays_exact(tmp_path):
     assert [row.step for row in log.read()] == list(range(1, resumed["total_steps"] + 1))
 
 
-@pytest.mark.e2e
-def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_resumable(tmp_path):
-    straight_dir, run_dir = tmp_path / "straight", tmp_path / "run"
-    done = run_cli("repro.train", *COMMAND, f"hydra.run.dir={straight_dir}")
+@pytest.fixture(scope="module")
+def straight_hash(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    done = run_cli("repro.train", *COMMAND, f"hydra.run.dir={run_dir}")
     assert done.returncode == 0, done.stderr
+    return read_summary(run_dir)["weights_sha256"]
 
+
+@pytest.mark.e2e
+def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_resumable(straight_hash, tmp_path):
+    run_dir = tmp_path / "run"
     command = [*COMMAND, f"hydra.run.dir={run_dir}"]
     full = run_cli("repro.train", *command, env={"REPRO_FAULT": "checkpoint:8:ENOSPC"})
     assert full.returncode == 2
@@ -80,4 +89,91 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_resumable(tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] == 6
-    assert summary["weights_sha256"] == read_summary(straight_dir)["weights_sha256"]
+    assert summary["weights_sha256"] == straight_hash
+
+
+class FillingDisk:
+    """A file whose writes fail with ENOSPC once `room` bytes are written."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def write(self, data) -> int:
+        size = len(memoryview(data).cast("B"))
+        if size > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("room", [0, 100, 5000])
+def test_torch_save_on_a_full_disk_raises_the_disks_error_not_torchs(room):
+    state = {"model": {"w": torch.zeros(4096)}, "position": {"step": 1}}
+    with pytest.raises(OSError) as refused:
+        checkpoint._save(state, FillingDisk(room))
+    assert refused.value.errno == errno.ENOSPC  # torch alone says "unexpected pos"
+
+
+# Run inside a mount namespace of its own (unshare): a small tmpfs holds the run folder, a
+# stopped run's disk is filled to the last page, then the run goes on and hits the full disk.
+FILL_A_TMPFS = r"""
+import json, os, shutil, signal, subprocess, sys, time
+mount, out, command = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "none", mount], check=True)
+run = [sys.executable, "-m", "repro.train", *command, f"hydra.run.dir={mount}/run"]
+env = {**os.environ, "PYTHONHASHSEED": "0"}
+owner = subprocess.Popen(run, env={**env, "REPRO_FAULT": "step:5:SIGSTOP"}, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+while open(f"/proc/{owner.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+    time.sleep(0.05)
+with open(f"{mount}/filler", "wb", buffering=0) as filler:
+    for chunk in (1 << 16, 1 << 12):
+        try:
+            while True:
+                filler.write(bytes(chunk))
+        except OSError:
+            pass
+owner.send_signal(signal.SIGCONT)
+stdout, stderr = owner.communicate()
+shutil.copytree(f"{mount}/run", f"{out}/full")
+os.unlink(f"{mount}/filler")  # space freed: the same command again
+again = subprocess.run(run, env=env, capture_output=True, text=True)
+shutil.copytree(f"{mount}/run", f"{out}/freed")
+print(json.dumps([owner.returncode, stdout, stderr, again.returncode, again.stderr]))
+"""
+
+
+def _can_mount_tmpfs(tmp_path) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = ["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "none"]
+    return subprocess.run([*probe, str(tmp_path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.e2e
+def test_a_real_tmpfs_that_fills_then_frees_up(straight_hash, tmp_path):
+    if not _can_mount_tmpfs(tmp_path):
+        pytest.skip("needs unshare and the right to mount a tmpfs in a mount namespace")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", FILL_A_TMPFS,
+         str(mount), str(tmp_path), json.dumps(COMMAND)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    full_rc, full_out, full_err, freed_rc, freed_err = json.loads(done.stdout)
+    assert full_rc == 2 and "Traceback" not in full_out + full_err
+    (line,) = full_err.strip().splitlines()
+    assert line.startswith(f"error: cannot write {mount}/run/") and "(ENOSPC)" in line, line
+    full = tmp_path / "full"
+    (attempt,) = (json.loads(text) for text in (full / "attempts.jsonl").read_text().splitlines())
+    assert attempt["result"].startswith("failed: cannot write"), attempt
+    assert not list(full.rglob(".*.tmp"))
+    assert all(checkpoint.load(path) for path in (full / "checkpoints").glob("*.pt"))
+
+    assert freed_rc == 0, freed_err
+    assert read_summary(tmp_path / "freed")["weights_sha256"] == straight_hash

@@ -56,6 +56,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def _train(
     cfg: DictConfig, run_dir: Path, dist: distributed.Context, started: float
 ) -> dict[str, Any]:
+    """`train`, in a run folder this process owns."""
     knobs = assembly.apply_knobs(cfg, dist)
 
     # A checkpoint to continue from decides the seed, and must fit the config and the data.

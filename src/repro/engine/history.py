@@ -32,6 +32,8 @@ ATTEMPTS_FILE = "attempts.jsonl"
 FIRST_RECORD = ".hydra"
 SOURCE_PATCH = "source.patch"
 log = logging.getLogger(__name__)
+RESERVE_FILE = ".attempts.reserve"  # held while an attempt runs, freed to record its end
+RESERVE_BYTES = 64 * 1024
 DIED = "died: ended without recording a result (killed, or its machine failed)"
 
 
@@ -76,6 +78,7 @@ class RunHistory:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.path = run_dir / ATTEMPTS_FILE
+        self.reserve = run_dir / RESERVE_FILE
 
     def attempts(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -119,9 +122,14 @@ class RunHistory:
             "result": "running",  # stays so if the attempt is killed outright
         }
         self._write([*earlier, self._current])
+        try:  # room to record how the attempt ends, should the disk fill while it runs
+            self.reserve.write_bytes(os.urandom(RESERVE_BYTES))  # random: no file system packs it
+        except OSError:
+            self.reserve.unlink(missing_ok=True)  # nearly full already: the next write says so
 
     def end(self, result: str, end_step: int) -> None:
         """Close this attempt's line: completed, halted, stopped by signal N, failed: ..."""
+        self.reserve.unlink(missing_ok=True)
         self._current.update(result=result, end_step=end_step)
         earlier = [a for a in self.attempts() if a["attempt"] != self._current["attempt"]]
         self._write([*earlier, self._current])
