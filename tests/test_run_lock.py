@@ -38,12 +38,29 @@ def test_a_claim_holds_the_lock_until_released(tmp_path):
     assert _locked_by_someone(tmp_path)
     assert f'"pid": {os.getpid()}' in (tmp_path / run_lock.LOCK_FILE).read_text()
     run_lock.release(tmp_path)
-    assert not _locked_by_someone(tmp_path)
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()  # the folder holds no lock file
+    assert run_lock.try_claim(tmp_path) is None  # free for the next run
+    run_lock.release(tmp_path)
+
+
+def test_a_lock_file_removed_or_replaced_is_no_longer_the_folders(tmp_path):
+    """What lets a claim that locked a file its owner removed meanwhile try again."""
+    path = tmp_path / run_lock.LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        assert run_lock._still_named(fd, path)
+        path.unlink()
+        assert not run_lock._still_named(fd, path)
+        path.touch()  # a new file under the name
+        assert not run_lock._still_named(fd, path)
+    finally:
+        os.close(fd)
 
 
 def test_a_forked_child_does_not_keep_the_lock_alive(tmp_path):
     """A DataLoader worker outliving a SIGKILLed run must not block the resume."""
     assert run_lock.try_claim(tmp_path) is None
+    ours = os.open(tmp_path / run_lock.LOCK_FILE, os.O_RDWR)  # to try the lock once it is gone
     ready, started = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child only says it runs, then waits to be killed
@@ -53,8 +70,9 @@ def test_a_forked_child_does_not_keep_the_lock_alive(tmp_path):
     try:
         os.read(ready, 1)  # the child runs: the fork's hooks are done in it
         run_lock.release(tmp_path)
-        assert not _locked_by_someone(tmp_path), "the child's copy still holds the lock"
+        fcntl.flock(ours, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if the child held it
     finally:
+        os.close(ours)
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
 

@@ -11,18 +11,16 @@ import pytest
 import yaml
 
 from repro.engine.history import DIED
-from repro.engine.run_lock import LOCK_FILE
 
 from conftest import read_summary, run_cli, tiny
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    """Every file under `folder` (hidden ones too) and a hash of its bytes; but run.lock,
-    which names the folder's current owner, not part of the run's record."""
+    """Every file under `folder` (hidden ones too) and a hash of its bytes."""
     return {
         str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != LOCK_FILE
+        if path.is_file()
     }
 
 

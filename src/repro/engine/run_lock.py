@@ -7,6 +7,9 @@ Under torchrun rank 0 holds it for every rank; each job of a sweep holds its own
 
 The lock is taken as early as a job can: when Hydra asks `record_subdir` whether to write
 `.hydra/` (before it writes it), and again, on the same descriptor, when training starts.
+run.lock names its owner while it lives; the owner removes it on leaving (a dead owner's file
+stays behind, unlocked, and the next run takes it over). A claim that locked a file removed
+meanwhile tries again on the folder's new one, so two claims never both win.
 A file system that cannot lock (NFS without lockd, some FUSE mounts) answers ENOLCK or
 EOPNOTSUPP: the run goes on, with a warning that a second launch would not be refused.
 """
@@ -47,24 +50,28 @@ def try_claim(run_dir: Path) -> str | None:
     if folder in _held:
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = _owner(fd)
-        os.close(fd)
-        return owner
-    except OSError as error:
-        os.close(fd)
-        if error.errno not in NO_LOCKS:
-            raise
-        log.warning(
-            "%s: this file system cannot lock files (%s); a second launch into this folder "
-            "would not be refused",
-            folder,
-            error.strerror,
-        )
-        return None
+    while True:
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _owner(fd)
+            os.close(fd)
+            return owner
+        except OSError as error:
+            os.close(fd)
+            if error.errno not in NO_LOCKS:
+                raise
+            log.warning(
+                "%s: this file system cannot lock files (%s); a second launch into this "
+                "folder would not be refused",
+                folder,
+                error.strerror,
+            )
+            return None
+        if _still_named(fd, folder / LOCK_FILE):
+            break
+        os.close(fd)  # locked a file its owner removed on leaving: take the folder's new one
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%FT%T%z")}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
@@ -78,6 +85,34 @@ def try_claim(run_dir: Path) -> str | None:
             option,
         )
     return None
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether `path` is still the file `fd` has open."""
+    try:
+        named = path.stat()
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _owner(fd: int) -> str:
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0))
+        return f"pid {owner['pid']} on {owner['host']}, since {owner['since']}"
+    except (OSError, ValueError, KeyError, TypeError):  # the owner is still writing it
+        return "pid not yet recorded"
+
+
+def release(run_dir: Path) -> None:
+    """Let go of `run_dir`'s lock, if this process holds it, and remove run.lock: a folder
+    holds one only while a process trains there (or one that died left it, unlocked)."""
+    folder = run_dir.absolute()
+    fd = _held.pop(folder, None)
+    if fd is not None:
+        (folder / LOCK_FILE).unlink(missing_ok=True)  # before the unlock: no one holds it then
+        os.close(fd)
 
 
 def host_only_locks(folder: Path, mountinfo: str | None = None) -> str | None:
@@ -103,21 +138,6 @@ def host_only_locks(folder: Path, mountinfo: str | None = None) -> str | None:
         return None
     local = [o for o in ("nolock", "local_lock=all", "local_lock=flock") if o in options.split(",")]
     return local[0] if local else None
-
-
-def _owner(fd: int) -> str:
-    try:
-        owner = json.loads(os.pread(fd, 4096, 0))
-        return f"pid {owner['pid']} on {owner['host']}, since {owner['since']}"
-    except (OSError, ValueError, KeyError, TypeError):  # the owner is still writing it
-        return "pid not yet recorded"
-
-
-def release(run_dir: Path) -> None:
-    """Let go of `run_dir`'s lock, if this process holds it."""
-    fd = _held.pop(run_dir.absolute(), None)
-    if fd is not None:
-        os.close(fd)
 
 
 @contextlib.contextmanager
