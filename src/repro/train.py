@@ -216,6 +216,14 @@ def _result(summary: dict[str, Any]) -> str:
     return "completed" if summary["completed"] else "halted"
 
 
+def _note_failure(run_dir: Path, error: Exception) -> None:
+    """error.txt in a failed job's folder, for the sweep report (a full disk may refuse it)."""
+    try:
+        write_text_atomic(run_dir / ERROR_FILE, f"{type(error).__name__}: {one_line(error)}\n")
+    except StorageError as refused:
+        log.error("%s: the sweep report will not see why this job failed", refused)
+
+
 def _as_user_error(error: Exception, run_dir: Path) -> Exception:
     """A file system that refused the run (full, read-only, over quota) is no bug: one line,
     saying that what is on disk is intact and the same command resumes."""
@@ -248,7 +256,7 @@ def main(cfg: DictConfig) -> float | None:
         # One job failing must not end the sweep: record why, let the launcher go on.
         log.error("job failed: %s", one_line(error), exc_info=not isinstance(error, UserError))
         if not isinstance(error, run_lock.RunFolderInUseError):  # the folder is another run's
-            write_text_atomic(run_dir / ERROR_FILE, f"{type(error).__name__}: {one_line(error)}\n")
+            _note_failure(run_dir, error)
         return None
     finally:
         run_lock.release(run_dir)  # claimed when Hydra named the folder's record

@@ -31,10 +31,11 @@ from repro.runtime import environment
 ATTEMPTS_FILE = "attempts.jsonl"
 FIRST_RECORD = ".hydra"
 SOURCE_PATCH = "source.patch"
-log = logging.getLogger(__name__)
 RESERVE_FILE = ".attempts.reserve"  # held while an attempt runs, freed to record its end
 RESERVE_BYTES = 64 * 1024
 DIED = "died: ended without recording a result (killed, or its machine failed)"
+
+log = logging.getLogger(__name__)
 
 
 def record_subdir(output_dir: str) -> str | None:
