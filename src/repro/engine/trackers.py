@@ -10,6 +10,7 @@ same steps.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from repro.config import flatten
 from repro.errors import ConfigError, UserError, one_line
 from repro.files import write_text_atomic
 
+log = logging.getLogger(__name__)
 ARTIFACTS = ("summary.json", "metrics.csv", "curves.png", "resolved_config.yaml")
 DEFAULT_MLFLOW_STORE = Path("outputs") / "mlruns"  # under the working directory, ignored by git
 
@@ -88,6 +90,12 @@ class MlflowTracker:
         if uri.startswith("file:"):
             # MLflow 3 keeps its file store but asks for this opt-in to use it.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        elif uri.startswith(("http:", "https:")):
+            log.info(
+                "logger=mlflow: starting a run at %s (MLflow retries a server that does not "
+                "answer for minutes; MLFLOW_HTTP_REQUEST_MAX_RETRIES=1 gives up sooner)",
+                uri,
+            )
         self.client, self.run_dir = MlflowClient(tracking_uri=uri), run_dir
         self.run_id = _kept_id(run_dir, self.ID_FILE)
         if self.run_id is None:
