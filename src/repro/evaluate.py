@@ -4,7 +4,8 @@ The model and data are rebuilt from the config stored in the checkpoint; `data.r
 may point at the data's new place on this machine, `tta=none|flip|flip_translate` overrides
 the run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
 matrix. Prints loss and accuracy; with `out=FILE`, also writes them as JSON (an existing file
-is refused before any work unless `overwrite=true`).
+is refused before any work unless `overwrite=true`). A stored config naming a target this
+checkout does not trust is refused unless `trust=true` (see repro.trust).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ ARGUMENTS = {
     "tta",
     "per_class",
     "overwrite",
+    "trust",
 }
 
 
@@ -53,6 +55,7 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     tta: str | None = None,
     per_class: bool = False,
+    trust: bool = False,
 ) -> dict[str, Any]:
     """Loss and accuracy of the checkpoint's model on one split of its dataset, with the
     run's test-time augmentation unless `tta` names one; with `per_class`, each class's
@@ -61,7 +64,7 @@ def evaluate_checkpoint(
         raise ConfigError("per_class", per_class, "true or false")
     if split not in SPLITS:
         raise ConfigError("split", split, f"choose one of {', '.join(SPLITS)}")
-    run = restore(ckpt, device_name, data_root, tta)
+    run = restore(ckpt, device_name, data_root, tta, trust)
     cfg = run.cfg
     cached = cfg.data.get("cache", "none") == "memory"
     cfg.data.cache = "none"  # decode only the split evaluated
@@ -108,6 +111,7 @@ def main(argv: list[str]) -> None:
             args.get("batch_size"),
             args.get("tta"),
             args.get("per_class", False),
+            args.get("trust", False),
         )
     except UserError as error:
         exit_with(error)

@@ -2,11 +2,13 @@
 
     python -m repro.predict ckpt=PATH images=FOLDER_OR_FILE [out=predictions.csv] [top_k=1]
         [device=auto] [batch_size=N] [tta=none|flip|flip_translate] [overwrite=false]
+        [trust=false]
 
 Each image goes through the run's evaluation transform (resized to the run's size if it
 comes in another) and the model, as `repro.evaluate` runs it. `out` gets one CSV row per
 image, in sorted path order: its path, then the `top_k` classes and their probabilities. An
-existing `out` is refused before any work unless `overwrite=true`.
+existing `out` is refused before any work unless `overwrite=true`. A stored config naming a
+target this checkout does not trust is refused unless `trust=true` (see repro.trust).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.restore import arguments, output_file, restore, write_result
 
-ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta", "overwrite"}
+ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta", "overwrite", "trust"}
 
 
 def image_files(images: Path) -> list[Path]:
@@ -55,9 +57,10 @@ def predict_files(
     device_name: str = "auto",
     batch_size: int | None = None,
     tta: str | None = None,
+    trust: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per image file: its path, and its `top_k` classes with their probabilities."""
-    run = restore(ckpt, device_name, tta=tta)
+    run = restore(ckpt, device_name, tta=tta, trust=trust)
     classes = run.state.get("classes") or [str(i) for i in range(run.cfg.data.num_classes)]
     if not isinstance(top_k, int) or not 1 <= top_k <= len(classes):
         raise ConfigError("top_k", top_k, f"an integer from 1 to the {len(classes)} classes")
@@ -99,6 +102,7 @@ def main(argv: list[str]) -> None:
             str(args.get("device", "auto")),
             args.get("batch_size"),
             args.get("tta"),
+            args.get("trust", False),
         )
     except UserError as error:
         exit_with(error)

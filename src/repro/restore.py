@@ -24,6 +24,7 @@ from repro.files import write_text_atomic
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
+from repro.trust import check as trust_check
 
 
 @dataclass
@@ -50,14 +51,20 @@ class Restored:
 
 
 def restore(
-    ckpt: Path, device_name: str = "auto", data_root: str | None = None, tta: str | None = None
+    ckpt: Path,
+    device_name: str = "auto",
+    data_root: str | None = None,
+    tta: str | None = None,
+    trust: bool = False,
 ) -> Restored:
     """The checkpoint's model rebuilt from its stored config and seed. `data_root` re-points
-    the data; `tta` overrides the run's `trainer.tta`."""
+    the data; `tta` overrides the run's `trainer.tta`. The stored config must name only
+    targets this checkout trusts, unless `trust` (see repro.trust)."""
     allowed = config.CHOICES["trainer.tta"]
     if tta is not None and tta not in allowed:
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
     state = load(ckpt)
+    trust_check(state["config"], ckpt, trust)
     cfg = OmegaConf.create(state["config"])
     resume.fill_added(cfg)  # a checkpoint written before some keys existed
     if data_root is not None:

@@ -1,5 +1,5 @@
 """Re-run a recorded run and say whether it reproduces:
-`python -m repro.verify RUN_DIR [steps=N] [threads=N]`.
+`python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true]`.
 
 The data is loaded and compared with the run's data fingerprint first: other data is reported
 without training. Then the recorded config (resolved_config.yaml) is trained again in a
@@ -7,7 +7,8 @@ temporary folder with the recorded thread count, all of it or its first N steps,
 per-step fingerprints (loss to full precision, weights hash every K steps) are compared.
 Prints every difference between the recorded and the current environment, those known to
 change floating-point results first, then "identical" or the first divergent step. Exit code
-0 only when identical.
+0 only when identical. A recorded config naming a target this checkout does not trust is
+refused before anything is built or imported, unless `trust=true` (see repro.trust).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runtime import determinism, environment
 from repro.runtime.devices import select_device
 from repro.train import train
+from repro.trust import check as trust_check
 
-USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N]"
+USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true]"
 
 
 @dataclass
@@ -89,8 +91,12 @@ def data_changes(recorded: dict, current: dict) -> list[str]:
     return changes or [f"classes: {recorded.get('classes')} recorded, {current['classes']} now"]
 
 
-def _recorded_config(resolved: Path, steps: int | None, threads: int | None, env: dict) -> Any:
-    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), OmegaConf.load(resolved))
+def _recorded_config(
+    resolved: Path, steps: int | None, threads: int | None, env: dict, trust: bool = False
+) -> Any:
+    recorded = OmegaConf.load(resolved)
+    trust_check(OmegaConf.to_container(recorded, resolve=False), resolved, trust)
+    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), recorded)
     resume.fill_added(cfg)  # recorded before some keys existed
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"
@@ -101,10 +107,13 @@ def _recorded_config(resolved: Path, steps: int | None, threads: int | None, env
     return cfg
 
 
-def verify(run_dir: Path, steps: int | None = None, threads: int | None = None) -> Verdict:
+def verify(
+    run_dir: Path, steps: int | None = None, threads: int | None = None, trust: bool = False
+) -> Verdict:
     """Re-run `run_dir`'s config (its first `steps` steps, with its thread count unless
     `threads` is given) and compare with what it recorded. Data that differs from the
-    recorded run's is reported without training."""
+    recorded run's is reported without training. `trust`: build targets this checkout does
+    not know of (see repro.trust)."""
     resolved = run_dir / "resolved_config.yaml"
     fingerprints = FingerprintLog.of_run(run_dir).path
     if not resolved.is_file() or not fingerprints.is_file():
@@ -118,7 +127,7 @@ def verify(run_dir: Path, steps: int | None = None, threads: int | None = None) 
         raise ConfigError("steps", steps, f"at most the {recorded[-1][0]} steps the run recorded")
     summary_file = run_dir / "summary.json"
     before = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    cfg = _recorded_config(resolved, steps, threads, before.get("env", {}))
+    cfg = _recorded_config(resolved, steps, threads, before.get("env", {}), trust)
 
     verdict = Verdict(0)
     if before:
@@ -156,14 +165,19 @@ def main(argv: list[str]) -> None:
             raise ConfigError("RUN_DIR", None, f"usage: {USAGE}")
         run_dir = Path(argv[0])
         options: dict[str, int] = {}
+        trust = False
         for arg in argv[1:]:
             key, _, value = arg.partition("=")
+            if key == "trust" and value in ("true", "false"):
+                trust = value == "true"
+                continue
             if key not in ("steps", "threads") or not value.isdigit() or int(value) < 1:
-                raise ConfigError(key, value, f"only steps=N and threads=N with N >= 1 ({USAGE})")
+                allowed = f"only steps=N and threads=N with N >= 1, and trust=true ({USAGE})"
+                raise ConfigError(key, value, allowed)
             options[key] = int(value)
         steps = options.get("steps")
         print(f"re-running {run_dir} ({f'first {steps} steps' if steps else 'all steps'}) ...")
-        verdict = verify(run_dir, steps, options.get("threads"))
+        verdict = verify(run_dir, steps, options.get("threads"), trust)
     except UserError as error:
         exit_with(error)
     for change in verdict.data:
