@@ -164,3 +164,17 @@ def test_the_entry_points_refuse_in_one_line(trained, tmp_path):
         (line,) = done.stderr.strip().splitlines()
         assert line.startswith(f"error: {ckpt}: model._target_='pathlib.Path.touch' is not")
     assert not marker.exists() and not (tmp_path / "p.csv").exists()
+
+
+def test_a_target_named_in_conf_local_is_trusted_on_this_machine(tmp_path, monkeypatch):
+    assert not trust.trusted("theirnets.Net")
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "trusted.yaml").write_text("- _target_: theirnets.Net\n")
+    monkeypatch.setattr(trust, "CONF", tmp_path)
+    trust.conf_targets.cache_clear()
+    try:
+        assert trust.trusted("theirnets.Net")
+        assert not trust.trusted("theirnets.Other")
+    finally:
+        monkeypatch.undo()
+        trust.conf_targets.cache_clear()
