@@ -33,6 +33,16 @@ REFUSED = {
         ["scheduler.warmup=1.5"],
         ["scheduler.warmup=1.5", "in [0, 1)"],
     ),
+    "label smoothing of 1 or more": (
+        ["trainer.label_smoothing=1.5"],
+        ["trainer.label_smoothing=1.5", "in [0, 1)"],
+    ),
+    "an average that never moves": (["trainer.ema_decay=1.0"], ["trainer.ema_decay=1.0", "(0, 1)"]),
+    "lookahead that never pulls": (
+        ["trainer.lookahead_decay=1.0"],
+        ["trainer.lookahead_decay=1.0", "in [0, 1)"],
+    ),
+    "more than all the data": (["data.fraction=1.5"], ["data.fraction=1.5", "in (0, 1]"]),
     "misspelt optimizer argument": (
         ["+optimizer.momentun=0.9"],
         ["optimizer._target_", "could not build it", "momentun"],

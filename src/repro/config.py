@@ -50,7 +50,6 @@ MINIMUM = {
     "trainer.accumulate_steps": (1, False),
     "trainer.micro_batch": (1, True),
     "trainer.grad_clip": (0, True),
-    "trainer.label_smoothing": (0, False),
     "dataloader.num_workers": (0, False),
     "dataloader.prefetch_factor": (1, False),
     "data.num_classes": (2, True),
@@ -59,7 +58,6 @@ MINIMUM = {
     "data.val_size": (1, False),
     "data.train_size": (1, True),
     "data.test_size": (1, True),
-    "data.fraction": (0, False),
     "data.cache_budget_gib": (0, False),
     "augment.mixup_alpha": (0, False),
     "augment.cutout": (0, False),
@@ -69,6 +67,27 @@ MINIMUM = {
     "optimizer.weight_decay": (0, False),
     "optimizer.momentum": (0, False),
 }
+
+
+# key: (the interval a value must lie in, as written; whether None is allowed). "[" and "]"
+# include their end, "(" and ")" leave it out.
+BETWEEN = {
+    "scheduler.warmup": ("[0, 1)", True),
+    "trainer.label_smoothing": ("[0, 1)", False),
+    "trainer.ema_decay": ("(0, 1)", True),
+    "trainer.lookahead_decay": ("[0, 1)", False),
+    "data.fraction": ("(0, 1]", False),
+}
+
+
+def inside(value: Any, interval: str) -> bool:
+    """Whether a number lies in an interval written as in BETWEEN."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = value >= low if interval[0] == "[" else value > low
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -152,6 +171,12 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             continue
         if not isinstance(value, int | float) or isinstance(value, bool) or value < lowest:
             raise ConfigError(key, value, f"must be a number >= {lowest}")
+    for key, (interval, nullable) in BETWEEN.items():
+        value = _get(cfg, key)
+        if value is _ABSENT or (value is None and nullable):
+            continue
+        if not inside(value, interval):
+            raise ConfigError(key, value, f"{'null or ' if nullable else ''}in {interval}")
     if cfg.seed.mode == "fixed" and cfg.seed.value is None:
         raise ConfigError(
             "seed.value", None, "an integer >= 0 with seed=fixed (or use seed=random)"
@@ -173,17 +198,10 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
     if augment and augment.cutout > cfg.data.image_size:
         allowed = f"0 (off) or a side of at most data.image_size ({cfg.data.image_size})"
         raise ConfigError("augment.cutout", augment.cutout, allowed)
-    warmup = cfg.scheduler.get("warmup") if cfg.get("scheduler") else None
-    if warmup is not None and not (isinstance(warmup, int | float) and 0 <= warmup < 1):
-        raise ConfigError("scheduler.warmup", warmup, "a fraction of the steps in [0, 1)")
-    if not 0 <= cfg.trainer.label_smoothing < 1:
-        raise ConfigError("trainer.label_smoothing", cfg.trainer.label_smoothing, "in [0, 1)")
     if len(cfg.data.mean) != 3 or len(cfg.data.std) != 3 or min(cfg.data.std) <= 0:
         raise ConfigError(
             "data.std", list(cfg.data.std), "three positive numbers (and three means)"
         )
-    if not 0 < cfg.data.fraction <= 1:
-        raise ConfigError("data.fraction", cfg.data.fraction, "in (0, 1]")
     if cfg.data.resize is not None and cfg.data.resize < cfg.data.image_size:
         allowed = f"null or >= data.image_size ({cfg.data.image_size})"
         raise ConfigError("data.resize", cfg.data.resize, allowed)
@@ -203,10 +221,6 @@ def _check_trainer_extras(trainer: DictConfig) -> None:
     if trainer.ema_decay is None and uses_ema:
         key = "trainer.monitor" if trainer.monitor.startswith("ema_") else "trainer.test_weights"
         raise ConfigError(key, trainer.get(key.split(".")[1]), "needs trainer.ema_decay set")
-    if trainer.ema_decay is not None and not 0 < trainer.ema_decay < 1:
-        raise ConfigError("trainer.ema_decay", trainer.ema_decay, "null or in (0, 1)")
-    if not 0 <= trainer.lookahead_decay < 1:
-        raise ConfigError("trainer.lookahead_decay", trainer.lookahead_decay, "in [0, 1)")
     if trainer.world_invariant:
         _check_world_invariant(trainer)
     window = trainer.profile_steps
