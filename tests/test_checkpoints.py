@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import shlex
 import signal
 import threading
 
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from repro import evaluate
 from repro.engine import checkpoint, resume
@@ -23,10 +25,19 @@ KEEP = tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=2", "trainer.kee
 
 
 class Exploit:
-    """Unpickling this would run a command: a checkpoint must never be able to do that."""
+    """Unpickling this runs a command that creates `marker`: a checkpoint must never do that."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
 
     def __reduce__(self):
-        return (os.system, ("touch /tmp/repro-pwned",))
+        return (os.system, (shlex.join(["touch", self.marker]),))
+
+
+def test_the_exploit_runs_code_when_unpickled(tmp_path):
+    """So that the tests below, which find no marker, could have found one."""
+    pickle.loads(pickle.dumps(Exploit(tmp_path / "pwned")))
+    assert (tmp_path / "pwned").exists()
 
 
 def test_a_checkpoint_holds_the_whole_state_and_loads_weights_only(tmp_path):
@@ -93,11 +104,12 @@ def test_foreign_and_malicious_files_are_refused(tmp_path):
         checkpoint.load(text)
 
     evil = tmp_path / "evil.pt"
-    torch.save({"format": "repro-checkpoint", "version": 1, "payload": Exploit()}, evil)
+    payload = Exploit(tmp_path / "pwned")
+    torch.save({"format": "repro-checkpoint", "version": 1, "payload": payload}, evil)
     with pytest.raises(CheckpointError, match="refused") as refused:
         checkpoint.load(evil)
     assert not isinstance(refused.value, DamagedCheckpointError)
-    assert not os.path.exists("/tmp/repro-pwned")
+    assert not (tmp_path / "pwned").exists()
 
 
 @pytest.mark.e2e
@@ -106,12 +118,13 @@ def test_a_malicious_last_pt_stops_auto_resume_and_is_kept(tmp_path):
     train_in_process(run_dir, *KEEP)
     last = run_dir / "checkpoints" / "last.pt"
     last.unlink()
-    torch.save({"format": "repro-checkpoint", "version": 1, "payload": Exploit()}, last)
+    payload = Exploit(tmp_path / "pwned")
+    torch.save({"format": "repro-checkpoint", "version": 1, "payload": payload}, last)
     done = run_cli("repro.train", *KEEP, f"hydra.run.dir={run_dir}")
     assert done.returncode == 2
     assert "refused" in done.stderr and "Traceback" not in done.stderr
     assert last.exists() and (run_dir / "checkpoints" / "step-00000012.pt").exists()
-    assert not os.path.exists("/tmp/repro-pwned")
+    assert not (tmp_path / "pwned").exists()
 
 
 @pytest.mark.e2e
@@ -271,10 +284,16 @@ def test_a_checkpoint_from_before_a_key_existed_resumes_under_its_old_behaviour(
         section, name = key.split(".")
         del saved[section][name]
     resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
-    # An optimizer file of the user's, without the key: its own checkpoint resumes.
+    # An optimizer file of the user's, without the keys: its checkpoint resumes under a config
+    # that spells out their old values, and is refused under one that changes them.
     cfg.optimizer = {"_target_": "torch.optim.RMSprop", "lr": 0.01}
     own = OmegaConf.to_container(cfg, resolve=True)
+    with open_dict(cfg):
+        cfg.optimizer.decay_biases_and_norms = True
     resume.check_compatible({"config": own, "resolved": {}}, cfg, {})
+    cfg.optimizer.decay_biases_and_norms = False
+    with pytest.raises(CheckpointError, match=r"optimizer\.decay_biases_and_norms: True -> False"):
+        resume.check_compatible({"config": own, "resolved": {}}, cfg, {})
     cfg = compose_config(*KEEP)
     cfg.augment.cutout = 8
     with pytest.raises(CheckpointError, match=r"augment\.cutout: 0 -> 8"):

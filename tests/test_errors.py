@@ -7,13 +7,14 @@ import torch
 from hydra.errors import HydraException
 from torch import nn
 
-from repro import config
+from repro import build, config
 from repro.engine.checkpoint import load
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.losses import NonFiniteLossError, PendingLosses
 from repro.engine.position import Position
 from repro.errors import UserError, one_line
 from repro.runtime.distributed import Context
+from repro.runtime.precision import Precision
 
 from conftest import compose_config, run_cli, tiny, train_in_process
 
@@ -141,9 +142,13 @@ def test_the_losses_before_a_non_finite_one_are_logged_and_their_sums_left_alone
 
 def test_keys_added_to_free_form_nodes_are_accepted():
     # Arguments of the class a `_target_` names: the schema cannot know them.
-    cfg = compose_config(*tiny("+optimizer.dampening=0.0", "+model.extra=1"))
+    cfg = compose_config(
+        *tiny("+optimizer.dampening=0.5", "optimizer.nesterov=false", "+model.extra=1")
+    )
     config.validate(cfg)
-    assert cfg.optimizer.dampening == 0.0
+    # ... and the one that reaches a real class is handed to it.
+    optimizer = build.optimizer(cfg, nn.Linear(2, 2), Precision("off", torch.device("cpu")))
+    assert optimizer.defaults["dampening"] == 0.5
 
 
 @pytest.mark.e2e

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 
 import pytest
 import torch
@@ -51,14 +52,19 @@ def test_a_plain_state_dict_saved_from_ddp_loads_too(trained, tmp_path):
 
 
 class Exploit:
+    """Unpickling this runs a command that creates `marker`."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
     def __reduce__(self):
-        return (os.system, ("touch /tmp/repro-pwned-init",))
+        return (os.system, (shlex.join(["touch", self.marker]),))
 
 
 def test_files_that_cannot_start_a_model_are_refused_in_one_line(trained, tmp_path):
     model = build.model(compose_config(*tiny()), 0)
     unsafe = tmp_path / "unsafe.pt"
-    torch.save({"w": Exploit()}, unsafe)
+    torch.save({"w": Exploit(tmp_path / "pwned")}, unsafe)
     foreign = tmp_path / "foreign.pt"
     torch.save({"encoder.weight": torch.zeros(3, 3)}, foreign)
     text = tmp_path / "notes.yaml"
@@ -79,7 +85,7 @@ def test_files_that_cannot_start_a_model_are_refused_in_one_line(trained, tmp_pa
     for path, message in refused:
         with pytest.raises(CheckpointError, match=message):
             load_matching(model, path)
-    assert not os.path.exists("/tmp/repro-pwned-init")
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_a_fine_tuned_run_records_its_start_and_resumes_exactly(trained, tmp_path):

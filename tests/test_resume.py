@@ -35,7 +35,7 @@ def straight_hashes(tmp_path_factory):
         (0, "step:5"),  # mid-epoch, a step after a checkpoint
         (0, "step:7"),  # right after the epoch-end checkpoint at step 6
         (0, "checkpoint:8"),  # while step 8's checkpoint is half written
-        (2, "step:3"),  # before any checkpoint: resume starts from scratch
+        (2, "step:5"),  # a step after the first checkpoint, as every case here is
         (2, "step:10"),  # mid-second-epoch
         (2, "checkpoint:6"),  # while the epoch-end checkpoint is half written
     ],
