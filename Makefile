@@ -4,7 +4,7 @@ UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 RUN := $(UV) run --locked --extra dev --extra launchers --extra trackers
 ARGS ?=
 
-.PHONY: help setup train test test-all lint format sweep train-ddp bench clean
+.PHONY: help setup train test test-all mutants lint format sweep train-ddp bench clean
 
 help:
 	@echo "make train   - train the default model on the built-in synthetic data (ARGS='key=value ...')"
@@ -13,6 +13,7 @@ help:
 	@echo "make train-ddp - the default run as 2 DistributedDataParallel processes (torchrun)"
 	@echo "make bench   - speed or exactness on this machine: ARGS='suite=knobs|overhead|startup|exactness [overrides]'"
 	@echo "make lint    - ruff lint and format check"
+	@echo "make mutants - apply one known bug at a time and check that the tests catch each"
 
 setup: .venv/.synced
 
@@ -35,6 +36,10 @@ test: setup
 
 test-all: setup
 	$(RUN) $(PYTEST) $(ARGS)
+
+# Not part of `make test`: minutes, for whoever changes a promise or the tests that guard it.
+mutants: setup
+	$(RUN) python scripts/mutants.py $(ARGS)
 
 lint: setup
 	$(RUN) ruff check src tests scripts
