@@ -27,7 +27,6 @@ def test_the_tree_sums_in_one_fixed_order():
     for row in rows[1:]:
         one_by_one = one_by_one + row
     assert tree_sum(rows).item() == 3.0 and one_by_one.item() == 4.0
-    assert torch.equal(tree_sum(rows), tree_sum(rows.clone()))
     assert tree_sum(rows[:1]).item() == 1e8
 
 
