@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import errno
+import os
 
 import pytest
 
@@ -111,4 +113,18 @@ def test_out_is_checked_without_making_anything(tmp_path, capsys):
     (tmp_path / "c").write_text("a file where the folder would go, made after the check\n")
     with pytest.raises(SystemExit) as stopped:
         write_result(late, "x\n")
-    assert stopped.value.code == 2 and "error: could not write" in capsys.readouterr().err
+    assert stopped.value.code == 2 and "error: cannot write" in capsys.readouterr().err
+
+
+def test_a_result_the_disk_refuses_is_one_line_and_no_file(tmp_path, capsys, monkeypatch):
+    out = output_file(str(tmp_path / "p.csv"))
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(SystemExit) as stopped:
+        write_result(out, "x\n")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and line.startswith(f"error: cannot write {out}: ")
+    assert list(tmp_path.iterdir()) == []

@@ -19,8 +19,8 @@ from repro.data.loader import LoaderContext, eval_loader
 from repro.data.transforms import Compose
 from repro.engine import resume
 from repro.engine.checkpoint import load
-from repro.errors import ConfigError, DataError, exit_with
-from repro.files import write_text_atomic
+from repro.errors import ConfigError, StorageError, exit_with
+from repro.files import write_text_atomic, writing
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -127,7 +127,8 @@ def write_result(out: Path, text: str) -> None:
     """Write a command's result to `out` (checked by `output_file`), making its folder; what
     still fails (a full disk) is one line, not a traceback."""
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        with writing(out):
+            out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, text)
-    except OSError as error:
-        exit_with(DataError(f"could not write {out}: {error.strerror or error}"))
+    except StorageError as error:
+        exit_with(error)
