@@ -131,8 +131,8 @@ MUTANTS = [
            ("test_trainer_features.py::test_flip_averaging_evaluates_each_image_and_its_mirror_image",)),
     # Config checks.
     Mutant("bound-upper", "label smoothing is refused from 1 on",
-           "config.py", '"trainer.label_smoothing": ("[0, 1)", False),',
-           '"trainer.label_smoothing": ("[0, 2)", False),',
+           "config.py", '"objective.label_smoothing": ("[0, 1)", False),',
+           '"objective.label_smoothing": ("[0, 2)", False),',
            ("test_errors.py::test_a_refused_value_is_named_in_one_line_before_any_work",
             "test_config_bounds.py")),
     Mutant("bound-lower", "a batch of no images is refused",

@@ -33,7 +33,7 @@ def test_fast_shortens_an_experiment_without_changing_its_recipe():
     cfg = compose_config("experiment=cifar10_resnet18", "debug=fast")
     assert cfg.trainer.max_steps == 3 and not cfg.trainer.save_checkpoints
     assert cfg.model._target_.endswith("resnet18_cifar") and cfg.data.name == "cifar10"
-    assert cfg.optimizer.lr == 0.4 and cfg.trainer.label_smoothing == 0.1
+    assert cfg.optimizer.lr == 0.4 and cfg.objective.label_smoothing == 0.1
 
 
 def test_overfit_memorises_its_few_fixed_batches(tmp_path):

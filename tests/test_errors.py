@@ -35,8 +35,8 @@ REFUSED = {
         ["scheduler.warmup=1.5", "in [0, 1)"],
     ),
     "label smoothing of 1 or more": (
-        ["trainer.label_smoothing=1.5"],
-        ["trainer.label_smoothing=1.5", "in [0, 1)"],
+        ["objective.label_smoothing=1.5"],
+        ["objective.label_smoothing=1.5", "in [0, 1)"],
     ),
     "an average that never moves": (["trainer.ema_decay=1.0"], ["trainer.ema_decay=1.0", "(0, 1)"]),
     "lookahead that never pulls": (
@@ -132,7 +132,7 @@ def test_the_losses_before_a_non_finite_one_are_logged_and_their_sums_left_alone
     log = FingerprintLog(tmp_path / "fingerprints.csv")
     pending = PendingLosses(log, 50, Context(), False, tmp_path)
     for value in (1.0, 2.0, float("inf"), 4.0):
-        pending.append(torch.tensor(value))
+        pending.append({"loss": torch.tensor(value)})
     position = Position(step=14)
     with pytest.raises(NonFiniteLossError, match="loss is inf at step 13"):
         pending.flush(position, nn.Linear(1, 1))

@@ -1,4 +1,4 @@
-"""trainer.grad_clip, trainer.label_smoothing and optimizer.decay_biases_and_norms reach the
+"""trainer.grad_clip, objective.label_smoothing and optimizer.decay_biases_and_norms reach the
 training step."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_grad_clip_bounds_the_update(tmp_path):
 
 def test_label_smoothing_changes_the_loss_and_the_weights(tmp_path):
     plain = train_in_process(tmp_path / "plain", *RUN)
-    smooth = train_in_process(tmp_path / "smooth", *RUN, "trainer.label_smoothing=0.5")
+    smooth = train_in_process(tmp_path / "smooth", *RUN, "objective.label_smoothing=0.5")
     assert smooth["weights_sha256"] != plain["weights_sha256"]
     assert smooth["train_loss"] != plain["train_loss"]
 

@@ -18,6 +18,7 @@ from repro.data.datasets import Source, Splits, build_splits
 from repro.data.loader import LoaderContext, eval_loader, train_loader
 from repro.data.samplers import EpochBatches
 from repro.errors import ConfigError
+from repro.objectives import Checked, Objective
 from repro.runtime import distributed
 from repro.runtime.memory_format import FORMATS
 from repro.runtime.precision import Precision
@@ -49,6 +50,19 @@ def model(cfg: Any, root_seed: int, num_classes: int | None = None) -> nn.Module
             "model._target_", cfg.model.get("_target_"), "must build a torch nn.Module"
         )
     return built
+
+
+def objective(cfg: Any) -> Objective:
+    """Instantiate `cfg.objective`: what training minimises and evaluation reports (its first
+    result is checked, so a wrong one fails in one line at the first step)."""
+    target = str(cfg.objective.get("_target_"))
+    try:
+        built = instantiate(cfg.objective)
+    except Exception as error:  # instantiate wraps import and argument errors alike
+        raise ConfigError("objective._target_", target, f"could not build it: {error}") from None
+    if not callable(built):
+        raise ConfigError("objective._target_", target, "must build a callable (logits, targets)")
+    return Checked(built, target)
 
 
 def fit_to_data(model: nn.Module, cfg: Any, data: Splits) -> None:

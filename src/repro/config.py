@@ -73,7 +73,7 @@ MINIMUM = {
 # include their end, "(" and ")" leave it out.
 BETWEEN = {
     "scheduler.warmup": ("[0, 1)", True),
-    "trainer.label_smoothing": ("[0, 1)", False),
+    "objective.label_smoothing": ("[0, 1)", False),
     "trainer.ema_decay": ("(0, 1)", True),
     "trainer.lookahead_decay": ("[0, 1)", False),
     "data.fraction": ("(0, 1]", False),
@@ -209,14 +209,17 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
         raise ConfigError("data.root", cfg.data.root, f"a folder path for data={cfg.data.name}")
 
 
-MONITORED = ("val_acc", "val_loss", "ema_val_acc", "ema_val_loss")
+MONITORED = ("val_", "ema_val_")  # an evaluation's columns: the accuracy and the objective's terms
 
 
 def _check_trainer_extras(trainer: DictConfig) -> None:
     """Best-checkpoint, EMA, lookahead and accumulation settings that must agree with each
     other or lie in a range."""
-    if trainer.monitor not in MONITORED:
-        raise ConfigError("trainer.monitor", trainer.monitor, f"one of {', '.join(MONITORED)}")
+    if not str(trainer.monitor).startswith(MONITORED):
+        allowed = (
+            "an evaluation column: val_acc, val_loss, val_<a term of the objective>, ema_val_..."
+        )
+        raise ConfigError("trainer.monitor", trainer.monitor, allowed)
     uses_ema = trainer.monitor.startswith("ema_") or trainer.test_weights == "ema"
     if trainer.ema_decay is None and uses_ema:
         key = "trainer.monitor" if trainer.monitor.startswith("ema_") else "trainer.test_weights"

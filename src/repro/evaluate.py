@@ -80,8 +80,9 @@ def evaluate_checkpoint(
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
         result = evaluate(
-            run.model, one_pass, run.to_device, prepare, autocast, tta=run.tta, classes=classes
-        )
+            run.model, one_pass, run.to_device, prepare, autocast, tta=run.tta, classes=classes,
+            objective=run.objective,
+        )  # fmt: skip
     if per_class:
         names = run.state.get("classes") or [str(i) for i in range(len(result["confusion"]))]
         result["per_class"] = [

@@ -21,10 +21,12 @@ from repro.engine import resume
 from repro.engine.checkpoint import load
 from repro.errors import ConfigError, StorageError, exit_with
 from repro.files import write_text_atomic, writing
+from repro.objectives import Objective
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 from repro.trust import check as trust_check
+from repro.trust import watched_only
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Restored:
     memory_format: MemoryFormat
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     tta: str
+    objective: Objective
 
     def loader(self, source: Source, transform: Compose, batch_size: int | None) -> DataLoader:
         """Batches of `source` in its order (one pass: `Batches(loader).take(len(loader))`)."""
@@ -65,7 +68,7 @@ def restore(
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
     state = load(ckpt)
     trust_check(state["config"], ckpt, trust)
-    cfg = OmegaConf.create(state["config"])
+    cfg = OmegaConf.create(resume.upgrade(watched_only(state["config"])))
     resume.fill_added(cfg)  # a checkpoint written before some keys existed
     if data_root is not None:
         cfg.data.root = data_root
@@ -80,7 +83,8 @@ def restore(
     model = memory_format.model(model.to(device)).eval()
     to_device = build.device_batches(cfg, device)
     tta = tta or cfg.trainer.tta
-    return Restored(cfg, state, model, device, precision, memory_format, to_device, tta)
+    objective = build.objective(cfg)
+    return Restored(cfg, state, model, device, precision, memory_format, to_device, tta, objective)
 
 
 def classes_of(state: dict[str, Any], cfg: DictConfig) -> int:

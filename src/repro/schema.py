@@ -96,7 +96,6 @@ class TrainerConfig:
     eval_every_epochs: int = MISSING
     eval_every_steps: Optional[int] = MISSING
     grad_clip: Optional[float] = MISSING
-    label_smoothing: float = MISSING
     checkpoint_every_steps: Optional[int] = MISSING
     keep_checkpoints: int = MISSING
     save_checkpoints: bool = MISSING  # false: write no checkpoint files at all (debug=fast)
@@ -156,11 +155,13 @@ class Config:
     amp: AmpConfig = field(default_factory=AmpConfig)
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    objective: Any = None
     model: Any = None
     optimizer: Any = None
     scheduler: Any = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    callbacks: dict[str, Any] = field(default_factory=dict)  # name -> a node with a _target_
     preset: Optional[str] = None  # set by conf/preset/*.yaml
 
 

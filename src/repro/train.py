@@ -103,6 +103,7 @@ def _train(
 
         summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
         summary |= final_test.test_after_fit(cfg, trainer, parts)  # with trainer.test_after_fit
+        trainer.callbacks.at_end(trainer, summary)
         if dist.is_main:
             _write_records(run_dir, summary, run_history, cfg, trainer.metrics)
     except BaseException as error:

@@ -42,12 +42,14 @@ class UntrustedConfigError(UserError):
 
 def check(config: Any, source: object, trust: bool = False) -> None:
     """Refuse `config` (plain containers, as stored) before anything is built from it, unless
-    it names only trusted targets and holds no interpolation; `trust` skips the check."""
+    it names only trusted targets and holds no interpolation; `trust` skips the check. Its
+    `callbacks` are not looked at: nothing rebuilds a stored config's callbacks (`watched_only`
+    drops them), since they only watched the run."""
     if trust is True:
         return
     if trust is not False:
         raise UserError(f"trust={trust!r} is not allowed: true or false")
-    for key, value in _leaves(config):
+    for key, value in _leaves(watched_only(config)):
         if key == "_target_" or key.endswith("._target_"):
             if not isinstance(value, str) or not trusted(value):
                 raise UntrustedConfigError(
@@ -61,6 +63,12 @@ def check(config: Any, source: object, trust: bool = False) -> None:
                 f"{source}: {key}={value!r} is an interpolation, which a recorded config never "
                 f"holds and whose resolver would run: {HOW_TO_TRUST}"
             )
+
+
+def watched_only(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored config without its callbacks: what evaluating, predicting or re-training
+    (verify) a recorded run builds."""
+    return {key: value for key, value in config.items() if key != "callbacks"}
 
 
 def trusted(target: str) -> bool:

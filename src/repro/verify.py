@@ -37,6 +37,7 @@ from repro.runtime import determinism, environment
 from repro.runtime.devices import select_device
 from repro.train import train
 from repro.trust import check as trust_check
+from repro.trust import watched_only
 
 USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true]"
 
@@ -94,9 +95,9 @@ def data_changes(recorded: dict, current: dict) -> list[str]:
 def _recorded_config(
     resolved: Path, steps: int | None, threads: int | None, env: dict, trust: bool = False
 ) -> Any:
-    recorded = OmegaConf.load(resolved)
-    trust_check(OmegaConf.to_container(recorded, resolve=False), resolved, trust)
-    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), recorded)
+    recorded = watched_only(OmegaConf.to_container(OmegaConf.load(resolved), resolve=False))
+    trust_check(recorded, resolved, trust)
+    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), resume.upgrade(recorded))
     resume.fill_added(cfg)  # recorded before some keys existed
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"

@@ -73,7 +73,9 @@ def bare(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float
     device = trainer.device
     norm = trainer.to_device  # only its precomputed scale and shift tensors are used
     channels_last = trainer.memory_format.format is torch.channels_last
-    smoothing, clip = trainer.settings.label_smoothing, trainer.settings.grad_clip
+    # The default objective, written out: its smoothing read from the built one (Checked).
+    smoothing = getattr(trainer.objective.objective, "label_smoothing", 0.0)
+    clip = trainer.settings.grad_clip
     loader = getattr(trainer.train_loader, "wrapped", trainer.train_loader)  # the DataLoader
     trainer.sampler.set_epoch(epoch)
     clock.sync()

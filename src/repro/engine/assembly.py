@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader
 
-from repro import build
+from repro import build, callbacks
 from repro.data.datasets import Splits
 from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
@@ -142,9 +142,8 @@ def outputs(
     cfg: Any, run_dir: Path, checkpointer: Checkpointer, dist: distributed.Context
 ) -> Outputs:
     """Where a run's Trainer writes (TensorBoard on rank 0 only, with `logger.tensorboard`)."""
-    ema = cfg.trainer.ema_decay is not None  # metrics.csv gets the average's columns
     tracking = trackers.from_config(cfg, run_dir) if dist.is_main else []
-    metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main, ema, tracking)
+    metrics = MetricsLog(run_dir, cfg.logger.tensorboard and dist.is_main, tracking)
     return Outputs(checkpointer, metrics, FingerprintLog.of_run(run_dir))
 
 
@@ -159,6 +158,8 @@ def trainer(
     """The loop over `parts`. Every checkpoint holds `extra_state` (the config and the seed)
     and the values a resume must find unchanged (`Knobs.resolved`)."""
     ema = WeightAverage(parts.model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
+    objective = build.objective(cfg)
+    invariant = _invariant_step(cfg, knobs, parts, objective, ema)
     return loop(
         model=parts.model,
         optimizer=parts.optimizer,
@@ -173,6 +174,7 @@ def trainer(
         metrics=outputs.metrics,
         fingerprints=outputs.fingerprints,
         settings=LoopSettings.from_config(cfg),
+        objective=objective,
         extra_state={**extra_state, "resolved": knobs.resolved()},
         total_steps=parts.total_steps,
         dist=knobs.dist,
@@ -180,7 +182,8 @@ def trainer(
         mixer=_mixer(cfg, int(cfg.seed.value), knobs.dist.rank),  # the resolved root seed
         ema=ema,
         lookahead=_lookahead(cfg.trainer, parts),
-        step=_invariant_step(cfg, knobs, parts, ema) if cfg.trainer.world_invariant else None,
+        step=invariant,
+        callbacks=callbacks.build(cfg.get("callbacks")),
     )
 
 
@@ -191,8 +194,12 @@ def _lookahead(trainer: Any, parts: Parts) -> Lookahead | None:
     return Lookahead(parts.model, every, decay, str(trainer.lookahead_ramp), parts.total_steps)
 
 
-def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, ema: Any) -> InvariantStep:
+def _invariant_step(
+    cfg: Any, knobs: Knobs, parts: Parts, objective: Any, ema: Any
+) -> InvariantStep | None:
     """The optimizer step of `trainer.world_invariant`, checked against this world."""
+    if not cfg.trainer.world_invariant:
+        return None
     per_rank, micro = build.rank_batch_size(cfg, knobs.dist.world), cfg.trainer.micro_batch
     if per_rank % micro:
         allowed = f"a divisor of the {per_rank} images each of {knobs.dist.world} ranks gets"
@@ -206,7 +213,7 @@ def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, ema: Any) -> Invariant
         raise ConfigError("trainer.num_threads", None, allowed)
     return InvariantStep(
         parts.model, parts.optimizer, parts.scheduler, knobs.precision, knobs.memory_format,
-        LoopSettings.from_config(cfg), micro, int(cfg.seed.value), knobs.dist, ema,
+        LoopSettings.from_config(cfg), objective, micro, int(cfg.seed.value), knobs.dist, ema,
     )  # fmt: skip
 
 

@@ -1,16 +1,18 @@
-"""Evaluation: loss and accuracy of a model over a split, optionally with test-time
-augmentation (flips, and one-pixel shifts)."""
+"""Evaluation: the objective's terms and the accuracy of a model over a split, optionally with
+test-time augmentation (flips, and one-pixel shifts)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional
 
+from repro.objectives import TOTAL, CrossEntropy, Objective, Targets, batch_sums
 from repro.runtime import distributed
 
 
@@ -35,6 +37,26 @@ def _with_mirror(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return (model(images).float() + model(images.flip(-1)).float()) / 2
 
 
+@dataclass
+class Predictions:
+    """This rank's labels and predicted classes of one evaluation pass, left on the device."""
+
+    labels: list[torch.Tensor] = field(default_factory=list)
+    predicted: list[torch.Tensor] = field(default_factory=list)
+    dist: distributed.Context | None = None
+
+    def confusion(self, classes: int) -> torch.Tensor:
+        """The confusion matrix over every rank's shard (rows: true class, columns: predicted),
+        counted on the host, once: a GPU's scatter-add has no deterministic kernel. Under
+        torchrun every rank must call it (a sum over ranks)."""
+        if not self.labels:
+            counts = torch.zeros(classes, classes, dtype=torch.int64)
+        else:
+            pairs = torch.cat(self.labels).cpu() * classes + torch.cat(self.predicted).cpu()
+            counts = torch.bincount(pairs, minlength=classes * classes).view(classes, classes)
+        return distributed.sum_tensor(counts, self.dist) if self.dist is not None else counts
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -45,53 +67,52 @@ def evaluate(
     dist: distributed.Context | None = None,
     tta: str = "none",
     classes: int | None = None,
+    objective: Objective | None = None,
+    keep_predictions: bool = False,
 ) -> dict[str, Any]:
-    """Mean cross-entropy and accuracy over `batches` (summed over torchrun ranks, each of
-    which evaluates its own shard), of the logits `predict` gives with `tta`; with `classes`,
-    also the confusion matrix (rows: true class, columns: predicted)."""
+    """The mean of each of the objective's terms (plain cross-entropy without one) under its
+    name ("loss" the total), and the accuracy ("acc"), over `batches` (summed over torchrun
+    ranks, each of which evaluates its own shard), of the logits `predict` gives with `tta`;
+    with `classes`, also the confusion matrix (rows: true class, columns: predicted); with
+    `keep_predictions`, the pass's `Predictions` under "predictions"."""
+    objective = objective or CrossEntropy()
     was_training = model.training
     model.eval()
     # Sums stay on the device until the end (a read per batch would wait for the GPU each
     # time), and start there: a host scalar copied in would wait too.
     device = next(model.parameters()).device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    sums: dict[str, torch.Tensor] = {}
     correct = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    truths: list[torch.Tensor] = []
-    predictions: list[torch.Tensor] = []
+    kept = Predictions(dist=dist)
     for images, labels in batches:
         images, labels = to_device(images, labels)
         with autocast():
             logits = predict(model, prepare(images), tta)
-        # Per-image losses summed in float64: the total does not depend on how the images
-        # were batched (or sharded over ranks) beyond the logits' own last bits.
-        losses = nn.functional.cross_entropy(logits, labels, reduction="none")
-        loss_sum += losses.double().sum()
+        # Per-image terms summed in float64: the totals do not depend on how the images were
+        # batched (or sharded over ranks) beyond the logits' own last bits.
+        for name, total in batch_sums(objective(logits, Targets(labels)), len(labels)).items():
+            sums[name] = sums[name] + total if name in sums else total
         predicted = logits.argmax(1)
         correct += (predicted == labels).sum().double()
         count += len(labels)
-        if classes is not None:
-            truths.append(labels)
-            predictions.append(predicted)
+        if classes is not None or keep_predictions:
+            kept.labels.append(labels)
+            kept.predicted.append(predicted)
     model.train(was_training)
     # One copy to the host: one wait for a GPU.
-    totals = torch.stack([loss_sum, correct, torch.full_like(loss_sum, count)]).cpu()
+    names = list(sums) or [TOTAL]  # an empty split: nothing summed
+    terms = [sums.get(name, torch.zeros_like(correct)) for name in names]
+    totals = torch.stack([*terms, correct, torch.full_like(correct, count)]).cpu()
     if dist is not None:
         totals = distributed.sum_tensor(totals, dist)
-    loss_total, correct_total, images = totals.tolist()
-    result: dict[str, Any] = {"loss": loss_total / images, "acc": correct_total / images}
+    *term_totals, correct_total, images = totals.tolist()
+    result: dict[str, Any] = {
+        name: value / images for name, value in zip(names, term_totals, strict=True)
+    }
+    result["acc"] = correct_total / images
     if classes is not None:
-        result["confusion"] = _confusion(truths, predictions, classes, dist).tolist()
+        result["confusion"] = kept.confusion(classes).tolist()
+    if keep_predictions:
+        result["predictions"] = kept
     return result
-
-
-def _confusion(
-    truths: list[torch.Tensor],
-    predictions: list[torch.Tensor],
-    classes: int,
-    dist: distributed.Context | None,
-) -> torch.Tensor:
-    """Counted on the host, once: a GPU's scatter-add has no deterministic kernel."""
-    pairs = torch.cat(truths).cpu() * classes + torch.cat(predictions).cpu()
-    confusion = torch.bincount(pairs, minlength=classes * classes).view(classes, classes)
-    return distributed.sum_tensor(confusion, dist) if dist is not None else confusion

@@ -31,10 +31,14 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
     prepare, autocast = trainer.memory_format.batch, trainer.precision.autocast
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
-        tta = trainer.settings.tta
-        result = evaluate(model, one_pass, trainer.to_device, prepare, autocast, trainer.dist, tta)
+        tta, objective = trainer.settings.tta, trainer.objective
+        result = evaluate(
+            model, one_pass, trainer.to_device, prepare, autocast, trainer.dist, tta,
+            objective=objective,
+        )  # fmt: skip
     log.info("test (%s weights) | loss %.4f acc %.4f", which, result["loss"], result["acc"])
-    return {"test_loss": result["loss"], "test_acc": result["acc"], "test_weights": which}
+    terms = {f"test_{name}": value for name, value in result.items()}  # test_loss, test_acc ...
+    return {**terms, "test_weights": which}
 
 
 def _weights(which: str, trainer: Trainer) -> tuple[str, nn.Module]:

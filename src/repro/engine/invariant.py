@@ -28,6 +28,7 @@ from torch import nn
 
 from repro.engine.ema import WeightAverage
 from repro.engine.settings import LoopSettings
+from repro.objectives import TOTAL, Objective, Targets, batch_means
 from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -105,6 +106,7 @@ class InvariantStep:
     precision: Precision
     memory_format: MemoryFormat
     settings: LoopSettings
+    objective: Objective
     micro_batch: int
     root_seed: int
     dist: distributed.Context
@@ -117,11 +119,12 @@ class InvariantStep:
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int
-    ) -> torch.Tensor:
+    ) -> dict[str, torch.Tensor]:
         images = self.memory_format.batch(images)
         per_rank = len(images) // self.micro_batch
         first = self.dist.rank * per_rank  # this rank's first micro-batch in the global batch
-        gradients, losses = [], []
+        gradients, rows = [], []
+        names: list[str] = []
         self.norms.pending = []
         for offset, (x, y) in enumerate(
             zip(images.split(self.micro_batch), labels.split(self.micro_batch), strict=True)
@@ -131,24 +134,24 @@ class InvariantStep:
                 torch.manual_seed(stream_seed(self.root_seed, "micro", *key))
                 self.optimizer.zero_grad(set_to_none=True)
                 with self.norms, self.precision.autocast():
-                    logits = self.model(x)
-                    loss = nn.functional.cross_entropy(
-                        logits, y, label_smoothing=self.settings.label_smoothing
-                    )
-                loss.backward()
+                    terms = batch_means(self.objective(self.model(x), Targets(y)))
+                terms[TOTAL].backward()
             gradients.append(torch.cat([_flat_gradient(p) for p in self.parameters]))
-            losses.append(loss.detach().float().reshape(1))
-        everything = self._gather(torch.cat([torch.stack(gradients), torch.stack(losses)], 1))
+            names = list(terms)
+            rows.append(torch.stack([terms[name].detach().float() for name in names]))
+        # The terms ride along with the gradients: one gather, one tree, for both.
+        everything = self._gather(torch.cat([torch.stack(gradients), torch.stack(rows)], 1))
         total = tree_sum(everything) / len(everything)  # the mean over all micro-batches
         self.norms.apply(self._gather(torch.stack(self.norms.pending)))
-        self._set_gradients(total[:-1])
+        self._set_gradients(total[: -len(names)])
         if self.settings.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update()
-        return total[-1]
+        means = total[-len(names) :]
+        return {name: means[index] for index, name in enumerate(names)}
 
     def _gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Every rank's rows, in rank order: the global micro-batch order."""

@@ -12,31 +12,21 @@ from typing import Any
 
 from repro.files import atomic_path, complete_lines, write_text_atomic, writing
 
-COLUMNS = (
-    "epoch",
-    "step",
-    "train_loss",
-    "val_loss",
-    "val_acc",
-    "lr",
-    "images_per_s",
-    "data_wait_frac",
-    "train_s",
-)
-EMA_COLUMNS = ("ema_val_loss", "ema_val_acc")  # with trainer.ema_decay
+# Columns the log line shows in its own format; any other (an objective's term, the weight
+# average's results) follows them as `name value`.
+LOGGED = {"epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "images_per_s"}
+LOGGED |= {"data_wait_frac", "train_s"}
 
 log = logging.getLogger(__name__)
 
 
 class MetricsLog:
     """Appends one row per evaluation to metrics.csv (kept across resumes), the log, TensorBoard
-    and the trackers."""
+    and the trackers. The columns are the first row's keys (or, resumed, the file's own)."""
 
-    def __init__(
-        self, run_dir: Path, tensorboard: bool, ema: bool = False, trackers: Sequence[Any] = ()
-    ) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool, trackers: Sequence[Any] = ()) -> None:
         self.path = run_dir / "metrics.csv"
-        self.columns = COLUMNS + EMA_COLUMNS if ema else COLUMNS
+        self.columns: list[str] | None = None  # known at the first row
         self.trackers = list(trackers)  # engine/trackers.py
         self.writer = None
         if tensorboard:
@@ -51,7 +41,10 @@ class MetricsLog:
             return
         reader = csv.DictReader(io.StringIO(complete_lines(self.path.read_text()), newline=""))
         rows = [row for row in reader if int(row["step"]) <= step]
-        columns = reader.fieldnames or self.columns
+        if not reader.fieldnames:  # a file torn before its header was whole
+            self.path.unlink()
+            return
+        columns = reader.fieldnames
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, columns)
         writer.writeheader()
@@ -60,20 +53,25 @@ class MetricsLog:
 
     def row(self, values: dict[str, float]) -> None:
         new = not self.path.exists()
+        if self.columns is None:
+            self.columns = list(values) if new else self._header()
         with writing(self.path), self.path.open("a", newline="") as handle:
             writer = csv.DictWriter(handle, self.columns)
             if new:
                 writer.writeheader()
-            writer.writerow({key: values[key] for key in self.columns})
+            writer.writerow(values)  # a key the header lacks is an error, not a lost value
         if self.writer is not None:
             for key in self.columns[2:]:
                 self.writer.add_scalar(key, values[key], values["step"])
             self.writer.flush()
         for tracker in self.trackers:
             tracker.metrics(values, values["step"])
+        others = " ".join(
+            f"{key} {value:.4g}" for key, value in values.items() if key not in LOGGED
+        )
         log.info(
             "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "
-            "%.0f img/s, %.1f%% waiting for data",
+            "%.0f img/s, %.1f%% waiting for data%s",
             values["epoch"],
             values["step"],
             values["train_loss"],
@@ -82,7 +80,13 @@ class MetricsLog:
             values["lr"],
             values["images_per_s"],
             100 * values["data_wait_frac"],
+            f" | {others}" if others else "",
         )
+
+    def _header(self) -> list[str]:
+        """The columns of the metrics.csv a resumed run goes on writing."""
+        with self.path.open(newline="") as handle:
+            return next(csv.reader(handle), [])
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The run's end: its summary and records to the trackers."""

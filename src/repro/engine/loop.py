@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
+from repro.callbacks import Callbacks
 from repro.data.loader import Batches
 from repro.data.samplers import EpochBatches
 from repro.engine import faults
@@ -30,7 +32,8 @@ from repro.engine.profiling import StepProfiler
 from repro.engine.settings import LoopSettings
 from repro.engine.signals import StopRequest
 from repro.engine.step import OptimizerStep
-from repro.errors import CheckpointError
+from repro.errors import CheckpointError, ConfigError
+from repro.objectives import TOTAL, Objective, column
 from repro.progress import progress_bar
 from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
@@ -52,6 +55,7 @@ class Trainer:
     metrics: MetricsLog
     fingerprints: FingerprintLog
     settings: LoopSettings
+    objective: Objective  # the loss and its named terms, for training and evaluation
     extra_state: dict[str, Any]  # the config and seed, stored in every checkpoint
     total_steps: int
     dist: distributed.Context = field(default_factory=distributed.Context)
@@ -65,6 +69,7 @@ class Trainer:
     best: Best = field(default_factory=Best)
     stopped_by: int | None = None
     stopped_early: bool = False
+    callbacks: Callbacks = field(default_factory=Callbacks)  # what watches the loop
 
     def __post_init__(self) -> None:
         if self.forward_model is None:
@@ -72,7 +77,7 @@ class Trainer:
         if self.step is None:
             self.step = OptimizerStep(
                 self.model, self.forward_model, self.optimizer, self.scheduler, self.precision,
-                self.memory_format, self.settings, self.mixer, self.ema,
+                self.memory_format, self.settings, self.objective, self.mixer, self.ema,
             )  # fmt: skip
         self.val_batches = Batches(self.val_loader)  # one iterator: its workers start once
         self.losses = PendingLosses(
@@ -89,18 +94,29 @@ class Trainer:
         """The training device: where the model's parameters live."""
         return next(self.model.parameters()).device
 
+    @property
+    def run_dir(self) -> Path:
+        """The run folder (checkpoints/ is in it)."""
+        return self.checkpointer.folder.parent
+
+    @property
+    def classes(self) -> list[str]:
+        """The data's class names, in label order."""
+        return list(self.extra_state.get("classes", []))
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
-            "position": vars(self.position).copy(),
+            "position": self.position.state_dict(),
             "last_eval": dict(self.last_eval),
             "best": vars(self.best).copy(),
             "stopped_early": self.stopped_early,
             **{name: None if part is None else part.state_dict() for name, part in self._options()},
             "rng": self._rng_states(),
+            "callbacks": self.callbacks.state_dict(),
             **self.extra_state,
         }
 
@@ -123,6 +139,7 @@ class Trainer:
         self.last_eval = dict(state["last_eval"])
         self.best = Best(**state.get("best", {}))
         self.stopped_early = bool(state.get("stopped_early", False))
+        self.callbacks.load_state_dict(state.get("callbacks") or {})
         for name, part in self._options():
             if part is not None and state.get(name) is None:
                 raise CheckpointError(f"the checkpoint holds no {name} state to resume")
@@ -177,8 +194,9 @@ class Trainer:
         self.model.train()
         self._training_since = time.perf_counter()
         pos, cadence = self.position, Cadence.of(self.settings)
-        run_dir = self.checkpointer.folder.parent
-        profiler = StepProfiler(self.settings.profile_steps, run_dir, self.device, pos, self.dist)
+        profiler = StepProfiler(
+            self.settings.profile_steps, self.run_dir, self.device, pos, self.dist
+        )
         with StopRequest() as stop, progress_bar(self.settings.progress) as progress, profiler:
             task = progress.add_task("train", total=self.total_steps, completed=self.position.step)
             throughput = Throughput()
@@ -192,6 +210,7 @@ class Trainer:
                 pos.step += 1
                 if self.lookahead is not None:
                     self.lookahead.after_step(pos.step)
+                self.callbacks.after_step(self)
                 if not progress.disable:
                     progress.advance(task)
                 faults.point("step", pos.step, settle=self.checkpointer.wait)
@@ -225,8 +244,9 @@ class Trainer:
     def _finished(self) -> bool:
         return self.stopped_early or self.position.step >= self.total_steps
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on a batch already on the device; the loss, left on the device."""
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimizer step on a batch already on the device; the objective's terms, left on
+        the device."""
         return self.step(images, labels, self.position.epoch, self.position.batch)
 
     # ---- bookkeeping -------------------------------------------------------------------
@@ -242,6 +262,7 @@ class Trainer:
         self.flush_losses()
         self._count_training_time()
         if self.settings.save_checkpoints and self._saved_at != self.position.step:
+            self.callbacks.at_checkpoint(self)
             self.save()
             self._saved_at = self.position.step
         self._training_since = time.perf_counter()
@@ -263,44 +284,59 @@ class Trainer:
         images_per_s *= self.dist.world  # every rank trains as many images
         # The metric is the checkpointed model's: rank 0's, buffers included.
         distributed.broadcast_buffers(self.model, self.dist)
-        result = self.evaluate(self.model)
+        result = self.evaluate(self.model, keep_predictions=True)
+        predictions = result.pop("predictions")
         pos = self.position
-        train_loss = pos.loss_sum / pos.loss_count if pos.loss_count else float("nan")
-        pos.loss_sum, pos.loss_count = 0.0, 0
+        count = pos.loss_count
+        train = {column("train", TOTAL): pos.loss_sum / count if count else float("nan")}
+        train |= {column("train", name): total / count for name, total in pos.term_sums.items()}
+        pos.loss_sum, pos.loss_count, pos.term_sums = 0.0, 0, {}
         self.last_eval = {
             "epoch": pos.epoch,
             "step": pos.step,
-            "train_loss": train_loss,
-            "val_loss": result["loss"],
-            "val_acc": result["acc"],
+            **train,
+            **_columns("val", result),
             "lr": self.optimizer.param_groups[0]["lr"],
             "images_per_s": images_per_s,
             "data_wait_frac": wait_fraction,
             "train_s": pos.train_seconds,
         }
         if self.ema is not None:
-            averaged = self.evaluate(self.ema.model)
-            self.last_eval |= {"ema_val_loss": averaged["loss"], "ema_val_acc": averaged["acc"]}
+            self.last_eval |= _columns("ema_val", self.evaluate(self.ema.model))
         self._track_best()
         if self.dist.is_main:
             self.metrics.row(self.last_eval)
+        self.callbacks.after_evaluation(self, self.last_eval, predictions)
         throughput.reset()
         self._training_since = time.perf_counter()
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Loss and accuracy of `model` (the trained one or its average) on one validation
-        pass."""
+    def evaluate(self, model: nn.Module, keep_predictions: bool = False) -> dict[str, Any]:
+        """The objective's terms and the accuracy of `model` (the trained one or its average)
+        on one validation pass (and its `Predictions`, if kept)."""
         batches = self.val_batches.take(len(self.val_loader))
         prepare, autocast = self.memory_format.batch, self.precision.autocast
-        tta = self.settings.tta
-        return evaluate(model, batches, self.to_device, prepare, autocast, self.dist, tta)
+        tta, objective = self.settings.tta, self.objective
+        return evaluate(
+            model, batches, self.to_device, prepare, autocast, self.dist, tta,
+            objective=objective, keep_predictions=keep_predictions,
+        )  # fmt: skip
 
     def _track_best(self) -> None:
         """After an evaluation: a better monitored value writes best.pt (the whole state, so
         `repro.evaluate` and a test after training read it like any checkpoint)."""
-        value = self.last_eval[self.settings.monitor]
+        monitor = self.settings.monitor
+        if monitor not in self.last_eval:
+            named = sorted(key for key in self.last_eval if key.startswith(("val_", "ema_val_")))
+            raise ConfigError("trainer.monitor", monitor, f"one of this run's {', '.join(named)}")
+        value = self.last_eval[monitor]
         improved = self.best.record(value, self.position.step, self.settings.monitor_mode)
         if improved and self.settings.save_checkpoints:
             state = self.state_dict()  # a collective: every rank takes part
             if self.dist.is_main:
                 self.checkpointer.save_best(state, self.position.step)
+
+
+def _columns(prefix: str, result: dict[str, float]) -> dict[str, float]:
+    """An evaluation's results as metrics columns: `val_loss`, `val_acc`, `val_<term>` ..."""
+    ordered = [TOTAL, "acc", *(name for name in result if name not in (TOTAL, "acc"))]
+    return {column(prefix, name): result[name] for name in ordered}

@@ -1,5 +1,6 @@
 """The per-step losses between two flushes: kept on the device so that steps never wait for
-the host, then written to fingerprints.csv in one copy, with a non-finite check."""
+the host, then written to fingerprints.csv in one copy, with a non-finite check. The
+objective's other terms ride along, summed for the next metrics row."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.metrics import weights_sha256
 from repro.engine.position import Position
 from repro.errors import UserError
+from repro.objectives import TOTAL
 from repro.runtime import distributed
 
 
@@ -21,7 +23,8 @@ class NonFiniteLossError(UserError):
 
 
 class PendingLosses:
-    """Losses of the steps since the last flush, each a 0-d tensor on the training device."""
+    """The objective's terms of each step since the last flush, 0-d tensors on the training
+    device."""
 
     def __init__(
         self,
@@ -33,10 +36,10 @@ class PendingLosses:
     ) -> None:
         self.fingerprints, self.hash_every_steps = fingerprints, hash_every_steps
         self.dist, self.world_invariant, self.checkpoints = dist, world_invariant, checkpoints
-        self.pending: list[torch.Tensor] = []
+        self.pending: list[dict[str, torch.Tensor]] = []
 
-    def append(self, loss: torch.Tensor) -> None:
-        self.pending.append(loss)
+    def append(self, terms: dict[str, torch.Tensor]) -> None:
+        self.pending.append(terms)
 
     def flush(self, position: Position, model: nn.Module) -> None:
         """Write the pending losses, which end at `position.step`, and add them to its sums;
@@ -44,10 +47,12 @@ class PendingLosses:
         run, naming its step."""
         if not self.pending:
             return
-        stacked = torch.stack(self.pending).double()
+        names = [TOTAL, *(name for name in self.pending[0] if name != TOTAL)]
+        stacked = torch.stack([torch.stack([terms[n] for terms in self.pending]) for n in names])
+        stacked = stacked.double()
         if self.dist.enabled and not self.world_invariant:  # the mean over ranks
             stacked = distributed.sum_tensor(stacked, self.dist) / self.dist.world
-        values = stacked.cpu().tolist()
+        values, *others = stacked.cpu().tolist()
         first_step = position.step - len(values) + 1
         bad = next((i for i, value in enumerate(values) if not math.isfinite(value)), None)
         if bad is not None:  # the steps before it are still logged, for verify and diff
@@ -63,4 +68,6 @@ class PendingLosses:
             self.fingerprints.append(first_step, values, weights_sha256(model) if hashed else "")
         position.loss_sum += sum(values)
         position.loss_count += len(values)
+        for name, term in zip(names[1:], others, strict=True):
+            position.term_sums[name] = position.term_sums.get(name, 0.0) + sum(term)
         self.pending.clear()

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class Position:
     """Where the run is: `batch` batches of `epoch` done, `step` optimizer steps in all,
-    the training loss summed since the last evaluation (for its metrics row), and the
-    seconds spent training so far, over every attempt (steps and waits for data; not
-    evaluations, checkpoints or start-up)."""
+    the training loss and the objective's other terms summed since the last evaluation (for
+    its metrics row), and the seconds spent training so far, over every attempt (steps and
+    waits for data; not evaluations, checkpoints or start-up)."""
 
     epoch: int = 0
     batch: int = 0
@@ -19,6 +19,11 @@ class Position:
     loss_sum: float = 0.0
     loss_count: int = 0
     train_seconds: float = 0.0
+    term_sums: dict[str, float] = field(default_factory=dict)
+
+    def state_dict(self) -> dict:
+        """A copy to checkpoint: the loop goes on changing the sums while it is written."""
+        return {**vars(self), "term_sums": dict(self.term_sums)}
 
 
 @dataclass

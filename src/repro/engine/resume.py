@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ MAY_CHANGE = (
     "trainer.profile_steps",
     "dataloader.",
     "logger.",
+    "callbacks.",  # they only watch
     "seed.mode",
     "data.root",
     "data.download",
@@ -55,6 +57,21 @@ ADDED = {
     "trainer.lookahead_decay": 0.5,
     "trainer.lookahead_ramp": "constant",
 }
+
+
+# What a config recorded before the `objective` group existed trained with: cross-entropy, its
+# smoothing then kept under `trainer`.
+DEFAULT_OBJECTIVE = "repro.objectives.CrossEntropy"
+
+
+def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (a checkpoint's, a resolved_config.yaml's) in today's layout: what
+    has moved since is where it is now. A copy; the record is left as it was."""
+    upgraded = copy.deepcopy(recorded)
+    if "objective" not in upgraded:
+        smoothing = upgraded.get("trainer", {}).pop("label_smoothing", 0.0)
+        upgraded["objective"] = {"_target_": DEFAULT_OBJECTIVE, "label_smoothing": smoothing}
+    return upgraded
 
 
 # Keys whose null means "as the data says" (an image folder's class count).
@@ -140,7 +157,7 @@ def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str,
 
 def _check_config(saved: dict[str, Any], cfg: DictConfig, classes: int | None) -> None:
     now = ADDED | config.flatten(OmegaConf.to_container(cfg, resolve=True))
-    before = ADDED | config.flatten(saved)
+    before = ADDED | config.flatten(upgrade(saved))
     # Left to the data (null) now, stored as the count it inferred by a checkpoint written
     # before inferred values stayed out of the config: the same request.
     for key in INFERRED:

@@ -11,7 +11,6 @@ class LoopSettings:
     """What the loop reads from the config, as plain values read once: a DictConfig read costs
     microseconds, and the loop reads several on every step."""
 
-    label_smoothing: float = 0.0
     grad_clip: float | None = None
     eval_every_epochs: int = 1
     eval_every_steps: int | None = None
@@ -34,7 +33,6 @@ class LoopSettings:
         """From a run's config: its `trainer` and `logger` sections."""
         trainer, logger = cfg.trainer, cfg.logger
         return cls(
-            label_smoothing=float(trainer.label_smoothing),
             grad_clip=trainer.grad_clip,
             eval_every_epochs=int(trainer.eval_every_epochs),
             eval_every_steps=trainer.eval_every_steps,

@@ -1,5 +1,5 @@
-"""One optimizer step: MixUp/CutMix, micro-batches, the scaled backward, clipping, the
-optimizer, schedule and weight-average updates."""
+"""One optimizer step: MixUp/CutMix, micro-batches, the objective and its scaled backward,
+clipping, the optimizer, schedule and weight-average updates."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from repro.engine.ema import WeightAverage
 from repro.engine.mixing import BatchMixer
 from repro.engine.settings import LoopSettings
+from repro.objectives import TOTAL, Objective, Targets, batch_means
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 
@@ -27,42 +28,41 @@ class OptimizerStep:
     precision: Precision
     memory_format: MemoryFormat
     settings: LoopSettings
+    objective: Objective
     mixer: BatchMixer | None = None
     ema: WeightAverage | None = None
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int
-    ) -> torch.Tensor:
+    ) -> dict[str, torch.Tensor]:
         """One optimizer step on a batch already on the device, the `batch`-th of `epoch`;
-        the loss, left on the device.
+        the objective's terms (batch means), left on the device.
 
-        With `accumulate_steps` k, the batch runs as k micro-batches in order, each loss
+        With `accumulate_steps` k, the batch runs as k micro-batches in order, each term
         divided by k, so the summed gradients are those of the whole batch's mean loss; under
         DDP the gradients are all-reduced once, with the last micro-batch.
         """
-        mixed = None
+        targets = Targets(labels)
         if self.mixer is not None:  # keyed on the batch's place: the position before the step
             mixed = self.mixer(images, labels, epoch, batch)
-            images = mixed.images
+            images, targets = mixed.images, Targets(labels, mixed.partner_labels, mixed.weight)
         images = self.memory_format.batch(images)
         pieces = self.settings.accumulate_steps
-        partners = mixed.partner_labels if mixed is not None else labels
-        weight = mixed.weight if mixed is not None else None
         self.optimizer.zero_grad(set_to_none=True)
         scaler = self.precision.scaler
-        total = None
-        if pieces == 1:  # the usual case, without the micro-batch split's Python per step
-            micro: Any = ((images, labels, partners),)
-        else:
-            chunks = images.chunk(pieces), labels.chunk(pieces), partners.chunk(pieces)
-            micro = zip(*chunks, strict=True)
-        for index, (x, y, partner) in enumerate(micro):
+        total: dict[str, torch.Tensor] = {}
+        # The usual case (one piece) without the micro-batch split's Python per step.
+        micro: Any = [(images, targets)]
+        if pieces > 1:
+            micro = zip(images.chunk(pieces), targets.chunk(pieces), strict=True)
+        for index, (x, y) in enumerate(micro):
             with self._gradient_sync(last=index == pieces - 1), self.precision.autocast():
-                loss = self._loss(self.forward_model(x), y, partner, weight)
+                terms = batch_means(self.objective(self.forward_model(x), y))
                 if pieces > 1:
-                    loss = loss / pieces
-            scaler.scale(loss).backward()
-            total = loss.detach() if total is None else total + loss.detach()
+                    terms = {name: value / pieces for name, value in terms.items()}
+            scaler.scale(terms[TOTAL]).backward()
+            for name, value in terms.items():
+                total[name] = total[name] + value.detach() if name in total else value.detach()
         if self.settings.grad_clip is not None:
             scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
@@ -72,17 +72,6 @@ class OptimizerStep:
         if self.ema is not None:
             self.ema.update()
         return total
-
-    def _loss(
-        self, logits: torch.Tensor, labels: torch.Tensor, partners: torch.Tensor, weight: Any
-    ) -> torch.Tensor:
-        """Cross-entropy; with MixUp/CutMix against the mixed targets."""
-        smoothing = self.settings.label_smoothing
-        loss = nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
-        if weight is None:
-            return loss
-        other = nn.functional.cross_entropy(logits, partners, label_smoothing=smoothing)
-        return loss * weight + other * (1 - weight)
 
     def _gradient_sync(self, last: bool) -> AbstractContextManager[Any]:
         """DDP all-reduces gradients in backward; only the last micro-batch's should."""

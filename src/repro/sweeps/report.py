@@ -23,8 +23,11 @@ from repro.files import write_text_atomic
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.stats import difference_of_means, summarize
 
-# test_acc and test_loss only where the jobs tested after training (trainer.test_after_fit).
+# The metrics shown first, in this order; test_acc and test_loss only where the jobs tested
+# after training (trainer.test_after_fit). Any other number a job's summary holds under one of
+# PREFIXES (an objective's term: val_logit_penalty ...) follows, in name order.
 METRICS = ("val_acc", "test_acc", "val_loss", "test_loss", "train_loss", "wall_s")
+PREFIXES = ("train_", "val_", "test_", "ema_val_")
 
 
 @dataclass
@@ -46,6 +49,20 @@ class Report:
     jobs: list[Job]
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     comparisons: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=lambda: list(METRICS))
+
+
+def metrics_of(jobs: list[Job]) -> list[str]:
+    """The metrics to summarise: METRICS, then every other number the jobs' summaries hold
+    under one of PREFIXES (columns come from the runs, not from a fixed list)."""
+    found = {
+        key
+        for job in jobs
+        for key, value in (job.summary or {}).items()
+        if key.startswith(PREFIXES) and isinstance(value, int | float)
+        and not isinstance(value, bool) and key not in METRICS
+    }  # fmt: skip
+    return [*METRICS, *sorted(found)]
 
 
 def _is_seed(override: str) -> bool:
@@ -80,18 +97,19 @@ def collect(sweep_dir: Path) -> list[Job]:
 
 
 def build(sweep_dir: Path) -> Report:
-    report = Report(sweep_dir, collect(sweep_dir))
+    jobs = collect(sweep_dir)
+    report = Report(sweep_dir, jobs, metrics=metrics_of(jobs))
     values: dict[str, dict[str, list[float]]] = {}
     for job in report.jobs:
         if job.ok and job.summary is not None:
-            group = values.setdefault(job.group, {m: [] for m in METRICS})
-            for metric in METRICS:
+            group = values.setdefault(job.group, {m: [] for m in report.metrics})
+            for metric in report.metrics:
                 if job.summary.get(metric) is not None:
                     group[metric].append(float(job.summary[metric]))
     for name, metrics in values.items():
         report.groups[name] = {m: summarize(v).as_dict() for m, v in metrics.items() if v}
     for a, b in combinations(values, 2):
-        both = [m for m in METRICS if values[a][m] and values[b][m]]
+        both = [m for m in report.metrics if values[a][m] and values[b][m]]
         differences = {m: difference_of_means(values[a][m], values[b][m]).as_dict() for m in both}
         report.comparisons.append({"a": a, "b": b, **differences})
     return report
@@ -121,7 +139,7 @@ def markdown(report: Report) -> str:
         lines += ["", "## Differences of means (b - a, Welch 95% CI)", ""]
         lines += ["| a | b | metric | difference | 95% CI |", "|---|---|---|---|---|"]
         for comp in report.comparisons:
-            for metric in (m for m in METRICS if m in comp):
+            for metric in (m for m in report.metrics if m in comp):
                 d = comp[metric]
                 ci = f"[{_fmt(d['ci_low'])}, {_fmt(d['ci_high'])}]"
                 lines.append(
@@ -139,7 +157,7 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _job_row(job: Job) -> dict[str, Any]:
+def _job_row(job: Job, metrics: list[str]) -> dict[str, Any]:
     summary = job.summary or {}
     return {
         "job": job.name,
@@ -149,7 +167,7 @@ def _job_row(job: Job) -> dict[str, Any]:
         "error": job.error,
         "seed": summary.get("seed"),
         "weights_sha256": summary.get("weights_sha256"),
-        **{m: summary.get(m) for m in METRICS},
+        **{m: summary.get(m) for m in metrics},
     }
 
 
@@ -158,14 +176,14 @@ def write(report: Report) -> None:
     folder = report.sweep_dir
     payload = {
         "sweep_dir": str(folder),
-        "jobs": [_job_row(job) for job in report.jobs],
+        "jobs": [_job_row(job, report.metrics) for job in report.jobs],
         "groups": report.groups,
         "comparisons": report.comparisons,
     }
     write_text_atomic(folder / "sweep_summary.json", json.dumps(payload, indent=2) + "\n")
     columns = ["job", "group", "overrides", "status", "error", "seed", "weights_sha256"]
     table = io.StringIO(newline="")
-    writer = csv.DictWriter(table, [*columns, *METRICS])
+    writer = csv.DictWriter(table, [*columns, *report.metrics])
     writer.writeheader()
     for row in payload["jobs"]:
         writer.writerow({**row, "overrides": " ".join(row["overrides"])})

@@ -1,0 +1,161 @@
+"""The README's "Make it yours": each change is new files in a project made by
+scripts/new_project.py, and no file of the template is edited.
+
+The files come out of the generated project's README (blocks marked `<!-- tested: yours-... -->`,
+each starting with a `# path` line), so the section and this test cannot drift apart. The project
+runs from its own sources through PYTHONPATH: this venv has every dependency it needs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TINY
+
+NAME = "my_lab"
+# Two epochs of 6 steps with an evaluation at each end and a checkpoint every 4 steps.
+RUN = [*TINY, "trainer.epochs=2", "trainer.checkpoint_every_steps=4", "dataloader.num_workers=0"]
+INVARIANT = [*RUN, "trainer.global_batch=true", "trainer.world_invariant=true",
+             "trainer.micro_batch=16", "trainer.num_threads=1", "seed=4"]  # fmt: skip
+PENALTY = ["objective=logit_penalty", "objective.weight=0.05"]
+CONFUSION = f"+callbacks.confusion._target_={NAME}.confusion.ConfusionLog"
+
+
+def readme_files(readme: str) -> dict[str, str]:
+    """Path -> text of every `yours-*` block of a README."""
+    blocks = re.findall(r"<!-- tested: yours-[\w-]+ -->\n```\w*\n(.*?)```", readme, re.DOTALL)
+    files = {}
+    for text in blocks:
+        path = re.match(r"# (\S+)\n", text)
+        assert path, f"a tested block must start with its file's path:\n{text}"
+        files[path.group(1)] = text
+    return files
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("yours") / NAME
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "new_project.py"), NAME, "--dest", str(dest)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    files = readme_files((dest / "README.md").read_text())
+    assert {f"src/{NAME}/logit_penalty.py", "conf/objective/logit_penalty.yaml",
+            f"src/{NAME}/confusion.py"} <= set(files)  # fmt: skip
+    for rel, text in files.items():
+        assert not (dest / rel).exists(), f"{rel}: the README's file must be a new one"
+        (dest / rel).write_text(text)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=dest, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert status and all(line.startswith("?? ") for line in status), status  # nothing edited
+    return dest
+
+
+def run(project: Path, *args: str, module: str = "train", env: dict | None = None, nproc: int = 1):
+    """`python -m NAME.<module> args` (under torchrun with `nproc` > 1) in the project."""
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                     "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]  # fmt: skip
+    full_env = {**os.environ, "PYTHONPATH": str(project / "src"), "PYTHONHASHSEED": "0"}
+    return subprocess.run(
+        [*launcher, "-m", f"{NAME}.{module}", *args],
+        cwd=project, env={**full_env, **(env or {})}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def trained(project: Path, run_dir: Path, *args: str, nproc: int = 1) -> dict:
+    done = run(project, *args, f"hydra.run.dir={run_dir}", nproc=nproc)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.e2e
+def test_an_objective_term_is_a_column_a_metric_and_a_report_row(project, tmp_path):
+    run_dir = tmp_path / "penalty"
+    monitor = ["trainer.monitor=val_logit_penalty", "trainer.monitor_mode=min"]
+    summary = trained(project, run_dir, *RUN, *PENALTY, *monitor)
+    assert "weight: 0.05" in (run_dir / "resolved_config.yaml").read_text()
+    table = rows(run_dir)
+    for prefix in ("train", "val"):
+        for term in ("logit_penalty", "cross_entropy"):
+            assert all(float(row[f"{prefix}_{term}"]) > 0 for row in table)
+    for row in table:  # the total is the sum its terms say, in training and in evaluation
+        for prefix in ("train", "val"):
+            total = float(row[f"{prefix}_cross_entropy"]) + 0.05 * float(
+                row[f"{prefix}_logit_penalty"]
+            )
+            assert float(row[f"{prefix}_loss"]) == pytest.approx(total, rel=1e-5)
+    assert summary["val_logit_penalty"] == float(table[-1]["val_logit_penalty"])
+    penalties = {int(row["step"]): float(row["val_logit_penalty"]) for row in table}
+    assert summary["best_val_logit_penalty"] == min(penalties.values())  # best.pt follows it
+    assert penalties[summary["best_step"]] == summary["best_val_logit_penalty"]
+    assert summary["test_logit_penalty"] > 0  # the test after training calls it too
+    plain = trained(project, tmp_path / "plain", *RUN)
+    assert plain["weights_sha256"] != summary["weights_sha256"]  # the penalty was trained on
+    assert "val_logit_penalty" not in plain
+
+    # The sweep report summarises the term without being told about it.
+    sweep = tmp_path / "sweep"
+    done = run(project, "-m", *RUN, *PENALTY, "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((sweep / "sweep_summary.json").read_text())
+    assert report["groups"]["all"]["val_logit_penalty"]["count"] == 2
+    assert all(job["val_logit_penalty"] > 0 for job in report["jobs"])
+    rebuilt = run(project, str(sweep), module="report")
+    assert rebuilt.returncode == 0 and "val_logit_penalty" in rebuilt.stdout
+
+
+@pytest.mark.e2e
+def test_an_objective_term_is_world_invariant(project, tmp_path):
+    one = trained(project, tmp_path / "one", *INVARIANT, *PENALTY)
+    two = trained(project, tmp_path / "two", *INVARIANT, *PENALTY, nproc=2)
+    assert two["world_size"] == 2 and two["weights_sha256"] == one["weights_sha256"]
+    assert two["val_logit_penalty"] == one["val_logit_penalty"]
+    timing = ("images_per_s", "data_wait_frac", "train_s")  # the only columns that may differ
+
+    def results(run_dir: Path) -> list[dict[str, str]]:
+        return [{k: v for k, v in row.items() if k not in timing} for row in rows(run_dir)]
+
+    assert results(tmp_path / "two") == results(tmp_path / "one")
+
+
+@pytest.mark.e2e
+def test_a_callback_with_state_writes_the_same_files_after_a_kill_and_resume(project, tmp_path):
+    straight = trained(project, tmp_path / "straight", *RUN, CONFUSION)
+    matrices = json.loads((tmp_path / "straight" / "confusion.json").read_text())
+    assert sorted(matrices, key=int) == ["6", "12"]  # one matrix per evaluation
+    val_images = 128  # TINY's data.val_size
+    for step, matrix in matrices.items():
+        assert sum(map(sum, matrix)) == val_images
+        row = next(r for r in rows(tmp_path / "straight") if r["step"] == step)
+        correct = sum(matrix[i][i] for i in range(len(matrix)))
+        assert correct / val_images == float(row["val_acc"])
+
+    killed = tmp_path / "killed"
+    args = [*RUN, CONFUSION, f"hydra.run.dir={killed}"]
+    done = run(project, *args, env={"REPRO_FAULT".replace("REPRO", NAME.upper()): "step:10"})
+    assert done.returncode == -9, done.stderr[
+        -2000:
+    ]  # after step 6's evaluation, step 8's checkpoint
+    resumed = trained(project, killed, *RUN, CONFUSION)
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    assert (killed / "confusion.json").read_bytes() == (
+        tmp_path / "straight" / "confusion.json"
+    ).read_bytes()

@@ -1,0 +1,149 @@
+"""The objective and callback seams: what a user's code gets, and what it is told when wrong.
+(The README's examples run end to end in tests/test_make_it_yours.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from repro import build, callbacks, trust
+from repro.engine import resume
+from repro.engine.evaluation import Predictions
+from repro.errors import CheckpointError, ConfigError
+from repro.objectives import Checked, CrossEntropy, Targets, batch_means
+
+from conftest import compose_config, tiny
+
+
+def test_cross_entropy_is_per_image_and_blends_mixed_targets():
+    logits, labels, partners = (
+        torch.randn(6, 4),
+        torch.tensor([0, 1, 2, 3, 0, 1]),
+        torch.arange(6) % 4,
+    )
+    plain = CrossEntropy()(logits, Targets(labels))["loss"]
+    assert plain.shape == (6,)
+    assert torch.equal(plain, torch.nn.functional.cross_entropy(logits, labels, reduction="none"))
+    mixed = CrossEntropy()(logits, Targets(labels, partners, 0.3))["loss"]
+    other = torch.nn.functional.cross_entropy(logits, partners, reduction="none")
+    assert torch.allclose(mixed, 0.3 * plain + 0.7 * other)
+    chunks = Targets(labels, partners, 0.3).chunk(2)
+    assert [len(c.labels) for c in chunks] == [3, 3] and chunks[1].weight == 0.3
+    assert torch.equal(chunks[1].partners, partners[3:])
+
+
+@pytest.mark.parametrize(
+    ("returned", "complaint"),
+    [
+        (lambda n: torch.zeros(n), "must return a dict"),
+        (lambda n: {"total": torch.zeros(n)}, 'holding "loss"'),
+        (lambda n: {"loss": torch.zeros(n), "acc": torch.zeros(n)}, "returned the term 'acc'"),
+        (lambda n: {"loss": torch.zeros(n, 2)}, r"as \(4, 2\)"),
+        (lambda n: {"loss": torch.zeros(n), "penalty": 1.0}, "as float"),
+    ],
+)
+def test_an_objective_that_returns_the_wrong_thing_is_one_line_at_its_first_call(
+    returned, complaint
+):
+    checked = Checked(lambda logits, targets: returned(len(logits)), "mine.Objective")
+    with pytest.raises(ConfigError, match=complaint) as caught:
+        checked(torch.zeros(4, 3), Targets(torch.zeros(4, dtype=torch.long)))
+    assert caught.value.key == "objective._target_"
+
+
+def test_batch_level_terms_are_allowed_and_averaged_per_image_terms():
+    terms = {"loss": torch.tensor([1.0, 3.0]), "batch_term": torch.tensor(5.0)}
+    Checked(lambda logits, targets: terms, "t")(torch.zeros(2, 2), Targets(torch.zeros(2)))
+    assert {k: v.item() for k, v in batch_means(terms).items()} == {"loss": 2.0, "batch_term": 5.0}
+
+
+def test_an_objective_that_cannot_be_built_is_one_line():
+    cfg = compose_config(*tiny("objective._target_=no.such.Objective"))
+    with pytest.raises(ConfigError, match="could not build it"):
+        build.objective(cfg)
+
+
+def test_a_checkpoint_from_before_the_objective_group_resumes_with_its_smoothing():
+    cfg = compose_config(*tiny("objective.label_smoothing=0.1"))
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    del saved["objective"]
+    saved["trainer"]["label_smoothing"] = 0.1  # where the old layout kept it
+    resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
+    assert resume.upgrade(saved)["objective"]["_target_"] == resume.DEFAULT_OBJECTIVE
+    assert "label_smoothing" in saved["trainer"]  # the record itself is left as it was
+    cfg.objective.label_smoothing = 0.2
+    with pytest.raises(CheckpointError, match=r"objective\.label_smoothing: 0\.1 -> 0\.2"):
+        resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
+
+
+class _Counter:
+    """A callback with one hook and state."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def after_step(self, loop) -> None:
+        self.steps += 1
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
+class _Watcher:
+    """A callback with no state and another hook."""
+
+    def __init__(self) -> None:
+        self.ends = []
+
+    def at_end(self, loop, summary) -> None:
+        self.ends.append(summary["step"])
+
+
+def test_callbacks_are_dispatched_by_method_and_their_state_round_trips(caplog):
+    counter, watcher = _Counter(), _Watcher()
+    hooks = callbacks.Callbacks({"count": counter, "watch": watcher})
+    for _ in range(3):
+        hooks.after_step(None)
+    hooks.at_checkpoint(None)  # neither has it: nothing happens
+    hooks.at_end(None, {"step": 3})
+    assert counter.steps == 3 and watcher.ends == [3]
+    state = hooks.state_dict()
+    assert state == {"count": {"steps": 3}}  # only callbacks with state are saved
+    fresh = callbacks.Callbacks({"count": _Counter()})
+    fresh.load_state_dict(state)
+    assert fresh.named["count"].steps == 3
+    with caplog.at_level("INFO"):
+        callbacks.Callbacks({"other": _Counter()}).load_state_dict(state)
+    assert "callbacks.other: no state in the checkpoint" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("nodes", "key"),
+    [
+        ({"bad": "just a string"}, "callbacks.bad"),
+        ({"bad": {"_target_": "no.such.Callback"}}, "callbacks.bad._target_"),
+    ],
+)
+def test_a_callback_that_cannot_be_built_is_one_line_naming_it(nodes, key):
+    with pytest.raises(ConfigError) as caught:
+        callbacks.build(OmegaConf.create(nodes))
+    assert caught.value.key == key
+    assert callbacks.build(OmegaConf.create({"off": None})).named == {}  # null turns one off
+
+
+def test_a_stored_configs_callbacks_are_never_built_so_never_refused():
+    stored = {"model": {"_target_": "repro.models.small_cnn.SmallCNN"},
+              "callbacks": {"mine": {"_target_": "pathlib.Path.touch"}}}  # fmt: skip
+    trust.check(stored, "ckpt")  # no error: evaluate, predict and verify drop them
+    assert "callbacks" not in trust.watched_only(stored)
+
+
+def test_the_confusion_matrix_counts_true_against_predicted():
+    kept = Predictions([torch.tensor([0, 1, 1]), torch.tensor([2])], [torch.tensor([0, 0, 1]),
+                       torch.tensor([2])])  # fmt: skip
+    assert kept.confusion(3).tolist() == [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    assert Predictions().confusion(2).tolist() == [[0, 0], [0, 0]]
