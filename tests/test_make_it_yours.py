@@ -16,7 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from repro.data import synthetic
 
 from conftest import ROOT, TINY
 
@@ -50,7 +53,8 @@ def project(tmp_path_factory) -> Path:
     assert done.returncode == 0, done.stderr
     files = readme_files((dest / "README.md").read_text())
     assert {f"src/{NAME}/logit_penalty.py", "conf/objective/logit_penalty.yaml",
-            f"src/{NAME}/confusion.py"} <= set(files)  # fmt: skip
+            f"src/{NAME}/confusion.py", f"src/{NAME}/numpy_files.py",
+            "conf/data/numpy_files.yaml"} <= set(files)  # fmt: skip
     for rel, text in files.items():
         assert not (dest / rel).exists(), f"{rel}: the README's file must be a new one"
         (dest / rel).write_text(text)
@@ -159,3 +163,31 @@ def test_a_callback_with_state_writes_the_same_files_after_a_kill_and_resume(pro
     assert (killed / "confusion.json").read_bytes() == (
         tmp_path / "straight" / "confusion.json"
     ).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def arrays(tmp_path_factory) -> Path:
+    """NumPy files as the README's dataset reads them: 480 train and 96 test images."""
+    root = tmp_path_factory.mktemp("arrays")
+    for name, count, seed in (("train", 480, 5), ("test", 96, 6)):
+        images, labels = synthetic.generate(count, seed, 10)
+        np.save(root / f"{name}_images.npy", images.permute(0, 2, 3, 1).numpy())
+        np.save(root / f"{name}_labels.npy", labels.numpy())
+    return root
+
+
+@pytest.mark.e2e
+def test_a_numpy_dataset_trains_exactly_with_workers_and_after_a_kill(project, arrays, tmp_path):
+    data = ["data=numpy_files", f"data.root={arrays}", "data.val_size=96"]
+    args = [*RUN, *data]
+    straight = trained(project, tmp_path / "straight", *args)
+    assert straight["data"]["splits"]["train"]["images"] == 384  # 480 less the 96 held out
+    assert straight["completed"] and straight["total_steps"] == 12
+    workers = trained(project, tmp_path / "workers", *args, "dataloader.num_workers=2")
+    assert workers["weights_sha256"] == straight["weights_sha256"]
+
+    killed = tmp_path / "killed"
+    fault = {"REPRO_FAULT".replace("REPRO", NAME.upper()): "step:10"}
+    done = run(project, *args, f"hydra.run.dir={killed}", env=fault)
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert trained(project, killed, *args)["weights_sha256"] == straight["weights_sha256"]

@@ -77,6 +77,37 @@ def test_a_checkpoint_from_before_the_objective_group_resumes_with_its_smoothing
         resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
 
 
+def test_a_checkpoint_from_before_data_builders_resumes_on_the_same_builder():
+    cfg = compose_config(*tiny())
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    saved["data"]["name"] = "synthetic"  # the old layout named the dataset
+    del saved["data"]["_target_"]
+    resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
+    assert resume.upgrade(saved)["data"]["_target_"] == cfg.data._target_
+
+
+def test_an_old_layouts_dataset_name_cannot_smuggle_in_a_target():
+    stored = {
+        "data": {"name": "Path.touch"},
+        "model": {"_target_": "repro.models.small_cnn.SmallCNN"},
+    }
+    with pytest.raises(trust.UntrustedConfigError, match=r"repro\.data\.datasets\.Path\.touch"):
+        trust.check(resume.upgrade(stored), "ckpt")  # as restore and verify check it
+
+
+def test_a_data_builder_that_returns_something_else_is_one_line():
+    cfg = compose_config(*tiny("data._target_=operator.is_"))  # takes two arguments
+    with pytest.raises(ConfigError, match="returned bool; use a builder that returns") as caught:
+        build.splits(cfg, 0)
+    assert caught.value.key == "data._target_"
+    cfg = compose_config(*tiny("data._target_=no_such_module.builder"))
+    with pytest.raises(ConfigError, match="cannot import it"):
+        build.splits(cfg, 0)
+    cfg = compose_config(*tiny("data._target_=operator.not_"))  # takes one argument
+    with pytest.raises(ConfigError, match=r"takes \(data config, seed\)"):
+        build.splits(cfg, 0)
+
+
 class _Counter:
     """A callback with one hook and state."""
 

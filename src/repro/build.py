@@ -77,7 +77,7 @@ def fit_to_data(model: nn.Module, cfg: Any, data: Splits) -> None:
     if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1:
         raise ConfigError("model.fit_images", wanted, "an integer >= 1")
     count = min(len(data.train), wanted)
-    _, eval_transform = pipelines(cfg, resized=data.resized)
+    _, eval_transform = pipelines(cfg, resized=data.resized, any_size=data.any_size)
     images = torch.stack([eval_transform(data.train[index][0], None) for index in range(count)])
     normalised, _ = device_batches(cfg, torch.device("cpu"))(images, torch.zeros(count))
     fit(normalised)
@@ -117,12 +117,16 @@ def splits(cfg: Any, root_seed: int) -> Splits:
     return build_splits(cfg.data, root_seed, progress)
 
 
-def pipelines(cfg: Any, resized: bool = False) -> tuple[transforms.Compose, transforms.Compose]:
-    """The train and eval transforms; `resized`: the images were resized already (cached)."""
+def pipelines(
+    cfg: Any, resized: bool = False, any_size: bool = False
+) -> tuple[transforms.Compose, transforms.Compose]:
+    """The train and eval transforms; `resized`: the images were resized already (cached);
+    `any_size`: they come in any size (image files), so even with `data.resize` null they
+    are resized, to `data.image_size`: a batch needs one size."""
     data = cfg.data
     size, resize, pad = data.image_size, data.resize, data.crop_padding
-    if resize is None and data.name == "imagefolder":
-        resize = size  # files come in any size; a batch needs one
+    if resize is None and any_size:
+        resize = size
     augment = cfg.get("augment")  # absent from the configs of older checkpoints
     crop_flip = augment is None or bool(augment.crop_flip)
     cutout = augment.cutout if augment is not None else 0
@@ -208,7 +212,7 @@ def loaders(
 ) -> tuple[DataLoader, EpochBatches, DataLoader]:
     """Train loader, its sampler, validation loader; each yields (uint8 images, labels), or
     for CPU training with workers, training images already normalised (`device_batches`)."""
-    train_and_eval = pipelines(cfg, resized=data.resized)
+    train_and_eval = pipelines(cfg, resized=data.resized, any_size=data.any_size)
     batch, dl, device = rank_batch_size(cfg, context.world), cfg.dataloader, context.device
     if dl.on_device:  # dataloader=device: the split lives on the device, batches made there
         return device_loader.loaders(cfg, data, train_and_eval, batch, context)  # type: ignore[return-value]

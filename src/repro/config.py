@@ -11,7 +11,7 @@ import difflib
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from repro.errors import ConfigError
 from repro.schema import Config
@@ -20,7 +20,6 @@ CHOICES = {
     "seed.mode": ("fixed", "random"),
     "memory_format.name": ("contiguous", "channels_last"),
     "amp.mode": ("auto", "off", "bf16", "fp16"),
-    "data.name": ("synthetic", "cifar10", "imagefolder"),
     "data.cache": ("none", "memory"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.monitor_mode": ("max", "min"),
@@ -205,8 +204,8 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
     if cfg.data.resize is not None and cfg.data.resize < cfg.data.image_size:
         allowed = f"null or >= data.image_size ({cfg.data.image_size})"
         raise ConfigError("data.resize", cfg.data.resize, allowed)
-    if cfg.data.name in ("imagefolder", "cifar10") and not cfg.data.root:
-        raise ConfigError("data.root", cfg.data.root, f"a folder path for data={cfg.data.name}")
+    if OmegaConf.is_missing(cfg.data, "root"):  # `???`: the option needs one
+        raise ConfigError("data.root", "???", "a folder path: this data option reads one")
 
 
 MONITORED = ("val_", "ema_val_")  # an evaluation's columns: the accuracy and the objective's terms

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from repro import build
 from repro.data.cache import decode
 from repro.data.loader import Batches
-from repro.data.sources import ImageFiles
+from repro.data.sources import in_memory
 from repro.engine import resume
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
@@ -71,9 +71,9 @@ def evaluate_checkpoint(
     data = build.splits(cfg, run.state["root_seed"])
     resume.check_same_classes(run.state, data.classes, cfg.data.root, "its outputs mean others")
     source = getattr(data, split)
-    if cached and isinstance(source, ImageFiles):
+    if cached and in_memory(source) is None:
         source = decode(source, cfg.data, split, cfg.logger.get("progress", "auto"))
-    _, eval_transform = build.pipelines(cfg, resized=cached)
+    _, eval_transform = build.pipelines(cfg, resized=cached, any_size=data.any_size)
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast
     classes = classes_of(run.state, cfg) if per_class else None

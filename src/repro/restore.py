@@ -67,8 +67,9 @@ def restore(
     if tta is not None and tta not in allowed:
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
     state = load(ckpt)
-    trust_check(state["config"], ckpt, trust)
-    cfg = OmegaConf.create(resume.upgrade(watched_only(state["config"])))
+    stored = resume.upgrade(watched_only(state["config"]))  # what would be built, checked
+    trust_check(stored, ckpt, trust)
+    cfg = OmegaConf.create(stored)
     resume.fill_added(cfg)  # a checkpoint written before some keys existed
     if data_root is not None:
         cfg.data.root = data_root

@@ -56,7 +56,7 @@ class AmpConfig:
 
 @dataclass
 class DataConfig:
-    name: str = MISSING
+    _target_: str = MISSING  # the builder: (data config, seed) -> Splits (repro.data.datasets)
     num_classes: Optional[int] = MISSING  # None: infer (imagefolder)
     image_size: int = MISSING
     mean: list[float] = MISSING

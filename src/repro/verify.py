@@ -96,8 +96,9 @@ def _recorded_config(
     resolved: Path, steps: int | None, threads: int | None, env: dict, trust: bool = False
 ) -> Any:
     recorded = watched_only(OmegaConf.to_container(OmegaConf.load(resolved), resolve=False))
+    recorded = resume.upgrade(recorded)  # what would be built, checked
     trust_check(recorded, resolved, trust)
-    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), resume.upgrade(recorded))
+    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), recorded)
     resume.fill_added(cfg)  # recorded before some keys existed
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"

@@ -36,8 +36,7 @@ from repro.benchmarks import common, folder_data
 from repro.benchmarks.common import Column, Result
 from repro.data.loader import Batches, LoaderContext
 from repro.data.samplers import EpochBatches
-from repro.data.sources import TensorImages
-from repro.errors import ConfigError
+from repro.data.sources import in_memory
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.transfer import DeviceBatches
 
@@ -168,13 +167,11 @@ def measure(cfg: DictConfig, data: Any, loader: Any, suite: Any) -> dict[str, An
 
 
 def run(cfg: DictConfig, run_dir: Path) -> Result:
-    if cfg.data.name == "imagefolder":  # files: the template against torchvision's loader
+    data = build.splits(cfg, int(cfg.seed.value))
+    if in_memory(data.train) is None:  # files: the template against torchvision's loader
         return folder_data.run(cfg, run_dir)
     suite = cfg.suite
     device = select_device(cfg.trainer.device)
-    data = build.splits(cfg, int(cfg.seed.value))
-    if not isinstance(data.train, TensorImages):
-        raise ConfigError("data", cfg.data.name, "suite=data measures in-memory data only")
     rows = [measure(row_config(cfg, loader), data, loader, suite) for loader in suite.loaders]
     summary = {
         "device": str(device),

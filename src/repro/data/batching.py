@@ -19,7 +19,7 @@ import torch
 from repro.data import transforms
 from repro.data.datasets import Source
 from repro.data.slots import Batch
-from repro.data.sources import TensorImages
+from repro.data.sources import TensorImages, in_memory
 from repro.data.transforms import Compose, HorizontalFlip, RandomCrop, on_device_of
 from repro.runtime.seeding import SampleKeys
 from repro.runtime.transfer import host_to_device
@@ -50,8 +50,9 @@ class BatchMaker:
     @classmethod
     def of(cls, source: Source, transform: Compose, stream: int | None = None) -> BatchMaker | None:
         """A maker where batches can be made whole, else None (per-sample path)."""
-        if isinstance(source, TensorImages) and transform.batchable:
-            return cls(source, transform, stream)
+        held = in_memory(source)
+        if held is not None and transform.batchable:
+            return cls(held, transform, stream)
         return None
 
     def __call__(self, indices: list[int] | torch.Tensor, epoch: int | None = None) -> Batch:

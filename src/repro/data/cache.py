@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from repro.data.sources import ImageFiles, TensorImages
+from repro.data.sources import Source, TensorImages, in_memory
 from repro.data.transforms import CenterCrop, ResizeShorter
 from repro.data.workers import start_worker
 from repro.errors import ConfigError
@@ -34,12 +34,12 @@ MAX_WORKERS = 8
 
 
 def decode_splits(splits: Splits, data_cfg: Any, progress: str = "auto") -> Splits:
-    """Every image-file split of `splits` decoded into memory (a split used twice, once);
-    `progress` shows a bar as `logger.progress` says."""
+    """Every split of `splits` not in memory (image files) decoded into it (a split used
+    twice, once); `progress` shows a bar as `logger.progress` says."""
     decoded: dict[int, TensorImages] = {}
     for name in ("train", "val", "test"):
         source = getattr(splits, name)
-        if isinstance(source, ImageFiles) and id(source) not in decoded:
+        if in_memory(source) is None and id(source) not in decoded:
             decoded[id(source)] = decode(source, data_cfg, name, progress)
     if not decoded:
         return splits
@@ -49,7 +49,7 @@ def decode_splits(splits: Splits, data_cfg: Any, progress: str = "auto") -> Spli
 
 
 def decode(
-    files: ImageFiles, data_cfg: Any, name: str = "split", progress: str = "auto"
+    files: Source, data_cfg: Any, name: str = "split", progress: str = "auto"
 ) -> TensorImages:
     """One split of image files as a uint8 (N, C, H, W) tensor, resized as the pipeline would."""
     side = data_cfg.resize or data_cfg.image_size
@@ -78,11 +78,17 @@ def decode(
     total = len(images) * images[0].numel()
     if total > budget:
         _refuse_budget(data_cfg, len(images), total, name)
-    return TensorImages(torch.stack(images), torch.tensor(files.labels, dtype=torch.long))
+    return TensorImages(torch.stack(images), torch.tensor(_labels(files), dtype=torch.long))
+
+
+def _labels(source: Source) -> list[int]:
+    """A split's labels: its `labels` list where it keeps one (image files), else read."""
+    labels = getattr(source, "labels", None)
+    return list(labels) if labels is not None else [source[i][1] for i in range(len(source))]
 
 
 class _Resized(Dataset):
-    def __init__(self, files: ImageFiles, side: int) -> None:
+    def __init__(self, files: Source, side: int) -> None:
         self.files, self.resize = files, ResizeShorter(side)
 
     def __len__(self) -> int:

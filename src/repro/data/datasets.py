@@ -1,20 +1,28 @@
-"""Build the train, validation and test sources of the configured dataset."""
+"""The `data` group: a builder per option, and the template's three.
+
+A `data` option names its builder by `_target_`: any callable `builder(data_cfg, seed) ->
+Splits`, called with the option's config node and the run's root seed (use it only to hold out
+a validation split, `carve_validation`: the images themselves should not depend on it). Each
+split is a `Source` (repro.data.sources): anything with `__len__`, `__getitem__` giving (uint8
+CHW image, int label) and `subset(indices)`; `TensorImages` and `ImageFiles` are two.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import get_method
 
-from repro.data import synthetic
+from repro.data import synthetic as shapes
 from repro.data.cache import decode_splits
-from repro.data.sources import IMAGE_SUFFIXES, ImageFiles, TensorImages
+from repro.data.sources import IMAGE_SUFFIXES, ImageFiles, Source, TensorImages
 from repro.errors import ConfigError, DataError
 from repro.runtime.seeding import torch_generator
-
-Source = TensorImages | ImageFiles
 
 
 @dataclass
@@ -24,9 +32,10 @@ class Splits:
     test: Source
     classes: list[str]
     resized: bool = False  # the images were resized already (a decoded cache holds them so)
+    any_size: bool = False  # images come in any size (files): resized even if data.resize is null
 
 
-def _carve_validation(pool: Source, val_size: int, split_seed: int) -> tuple[Source, Source]:
+def carve_validation(pool: Source, val_size: int, split_seed: int) -> tuple[Source, Source]:
     """Split a pool into train and validation with a generator seeded from the run's seed."""
     if not 0 < val_size < len(pool):
         raise ConfigError("data.val_size", val_size, f"must be between 1 and {len(pool) - 1}")
@@ -34,23 +43,25 @@ def _carve_validation(pool: Source, val_size: int, split_seed: int) -> tuple[Sou
     return pool.subset(order[val_size:].sort().values), pool.subset(order[:val_size].sort().values)
 
 
-def _synthetic(cfg: Any, split_seed: int) -> Splits:
+def synthetic(cfg: Any, split_seed: int) -> Splits:
+    """Procedurally generated shapes (repro.data.synthetic)."""
     # The images are a fixed benchmark made from data.generator_seed; the run's seed only
     # chooses which of them are held out, as for any real dataset.
     classes = cfg.num_classes
-    if classes is None or not 2 <= classes <= len(synthetic.CLASSES):
-        raise ConfigError("data.num_classes", classes, f"2..{len(synthetic.CLASSES)} for synthetic")
+    if classes is None or not 2 <= classes <= len(shapes.CLASSES):
+        raise ConfigError("data.num_classes", classes, f"2..{len(shapes.CLASSES)} for synthetic")
     size = cfg.train_size + cfg.val_size
-    pool = TensorImages(*synthetic.generate(size, cfg.generator_seed, classes))
-    test = TensorImages(*synthetic.generate(cfg.test_size, cfg.generator_seed + 1_000_003, classes))
-    train, val = _carve_validation(pool, cfg.val_size, split_seed)
-    return Splits(train, val, test, list(synthetic.CLASSES[:classes]))
+    pool = TensorImages(*shapes.generate(size, cfg.generator_seed, classes))
+    test = TensorImages(*shapes.generate(cfg.test_size, cfg.generator_seed + 1_000_003, classes))
+    train, val = carve_validation(pool, cfg.val_size, split_seed)
+    return Splits(train, val, test, list(shapes.CLASSES[:classes]))
 
 
-def _cifar10(cfg: Any, split_seed: int) -> Splits:
+def cifar10(cfg: Any, split_seed: int) -> Splits:
+    """CIFAR-10 through torchvision, from (or downloaded into) data.root."""
     from torchvision.datasets import CIFAR10
 
-    root = Path(cfg.root).expanduser()
+    root = folder(cfg, "the folder CIFAR-10 is in (or is downloaded into)")
     try:
         train = CIFAR10(str(root), train=True, download=cfg.download)
         test = CIFAR10(str(root), train=False, download=cfg.download)
@@ -62,14 +73,14 @@ def _cifar10(cfg: Any, split_seed: int) -> Splits:
         images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
         return TensorImages(images, torch.tensor(ds.targets))
 
-    fit, val = _carve_validation(to_source(train), cfg.val_size, split_seed)
+    fit, val = carve_validation(to_source(train), cfg.val_size, split_seed)
     return Splits(fit, val, to_source(test), list(train.classes))
 
 
-def _imagefolder(cfg: Any, split_seed: int) -> Splits:
+def imagefolder(cfg: Any, split_seed: int) -> Splits:
     """train/ (and val/, test/ when present); without val/, data.val_size images of train/."""
-    root = Path(cfg.root).expanduser()
     expected = "a folder holding train/ (and val/, test/), one subfolder per class"
+    root = folder(cfg, expected)
     if not (root / "train").is_dir():
         raise DataError(f"data.root={cfg.root}: not found or incomplete; expected {expected}")
     classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
@@ -92,12 +103,30 @@ def _imagefolder(cfg: Any, split_seed: int) -> Splits:
     if (root / "val").is_dir():
         val = read(root / "val")
     else:
-        train, val = _carve_validation(train, cfg.val_size, split_seed)
+        train, val = carve_validation(train, cfg.val_size, split_seed)
     test = read(root / "test") if (root / "test").is_dir() else val
-    return Splits(train, val, test, classes)
+    return Splits(train, val, test, classes, any_size=True)
 
 
-BUILDERS = {"synthetic": _synthetic, "cifar10": _cifar10, "imagefolder": _imagefolder}
+def folder(cfg: Any, expected: str) -> Path:
+    """`data.root` as a path; one line if the option needs one and none is set."""
+    if not cfg.get("root"):
+        raise ConfigError("data.root", cfg.get("root"), f"a folder path: {expected}")
+    return Path(cfg.root).expanduser()
+
+
+def builder(cfg: Any) -> Callable[[Any, int], Splits]:
+    """The callable `data._target_` names."""
+    try:
+        found = get_method(str(cfg._target_))
+    except Exception as error:  # an unknown module or name: the user's to fix
+        raise ConfigError("data._target_", cfg._target_, f"cannot import it: {error}") from None
+    try:
+        inspect.signature(found).bind(cfg, 0)
+    except (TypeError, ValueError):  # ValueError: a builtin without a signature
+        allowed = "a builder that takes (data config, seed) and returns Splits"
+        raise ConfigError("data._target_", cfg._target_, allowed) from None
+    return found
 
 
 def _keep_fraction(source: Source, fraction: float, split_seed: int, split: str) -> Source:
@@ -108,9 +137,15 @@ def _keep_fraction(source: Source, fraction: float, split_seed: int, split: str)
 
 
 def build_splits(cfg: Any, split_seed: int, progress: str = "auto") -> Splits:
-    """The dataset named by `data.name`, cut to `data.fraction` of every split, and decoded
+    """The splits `data._target_` builds, cut to `data.fraction` of every split, and decoded
     into memory with `data.cache=memory` (a progress bar as `logger.progress` says)."""
-    splits = _keep_fractions(BUILDERS[cfg.name](cfg, split_seed), cfg, split_seed)
+    built = builder(cfg)(cfg, split_seed)
+    if not isinstance(built, Splits):
+        allowed = "a builder that returns repro.data.datasets.Splits"
+        raise ConfigError(
+            "data._target_", cfg._target_, f"returned {type(built).__name__}; use {allowed}"
+        )
+    splits = _keep_fractions(built, cfg, split_seed)
     if cfg.get("cache", "none") == "memory":  # absent from configs of older checkpoints
         return decode_splits(splits, cfg, progress)
     return splits
@@ -125,4 +160,4 @@ def _keep_fractions(splits: Splits, cfg: Any, split_seed: int) -> Splits:
     # Without test/, ImageFolder evaluates on val/: keep the same images for both.
     same = splits.test is splits.val
     test = val if same else _keep_fraction(splits.test, fraction, split_seed, "test")
-    return Splits(train, val, test, splits.classes)
+    return Splits(train, val, test, splits.classes, splits.resized, splits.any_size)

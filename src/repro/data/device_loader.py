@@ -24,14 +24,15 @@ from repro.data.datasets import Source, Splits
 from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
 from repro.data.slots import Batch
-from repro.data.sources import TensorImages
+from repro.data.sources import TensorImages, in_memory
 from repro.data.transforms import Compose
 from repro.errors import ConfigError
 from repro.runtime.seeding import stream_seed
 
 
 def _on_device(source: Source, transform: Compose, device: torch.device) -> TensorImages:
-    if not isinstance(source, TensorImages):
+    held = in_memory(source)
+    if held is None:
         raise ConfigError(
             "dataloader",
             "device",
@@ -45,7 +46,7 @@ def _on_device(source: Source, transform: Compose, device: torch.device) -> Tens
             "crop, flip and Cutout only (no data.resize, no augment.transforms)",
         )
     # The labels stay on the host: `BatchMaker` picks a batch's there and sends them with it.
-    return TensorImages(source.images.to(device), source.labels)
+    return TensorImages(held.images.to(device), held.labels)
 
 
 class DeviceTrainLoader:

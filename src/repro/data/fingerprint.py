@@ -1,8 +1,9 @@
 """A fingerprint of the data as a run loaded it, so `verify` can tell "other data" from "other
 numbers" before it trains.
 
-In-memory images (synthetic, CIFAR-10): a SHA-256 of their bytes and labels. Image files: of
-their paths relative to data.root, sizes, labels and contents. Reading every file of a large
+In-memory images (synthetic, CIFAR-10): a SHA-256 of their bytes and labels. Image files (a
+source with `paths`): of their paths relative to data.root, sizes, labels and contents. Any
+other source: of every image and label it gives, read once. Reading every file of a large
 folder takes long, so a content hash that took more than CACHE_AFTER_S is kept in the user's
 cache, keyed by the folder's listing (paths, sizes, modification times): an unchanged folder
 is fingerprinted from its listing alone.
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.data.datasets import Source, Splits
-from repro.data.sources import ImageFiles, TensorImages
+from repro.data.sources import ImageFiles, TensorImages, in_memory
 from repro.files import write_json_atomic
 
 CACHE_AFTER_S = 1.0
@@ -70,10 +71,22 @@ def _files_digest(source: ImageFiles, root: Path) -> str:
     return hashlib.sha256(f"{described.hexdigest()}\0{contents}".encode()).hexdigest()
 
 
+def _samples_digest(source: Source) -> str:
+    digest = hashlib.sha256()
+    for index in range(len(source)):
+        image, label = source[index]
+        digest.update(f"{tuple(image.shape)}|{int(label)}|".encode())
+        digest.update(image.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _digest(source: Source, root: Path | None) -> str:
-    if isinstance(source, TensorImages):
-        return _tensor_digest(source)
-    return _files_digest(source, root or Path("/"))
+    held = in_memory(source)
+    if held is not None:
+        return _tensor_digest(held)
+    if hasattr(source, "paths"):
+        return _files_digest(source, root or Path("/"))  # type: ignore[arg-type]
+    return _samples_digest(source)
 
 
 def fingerprint(data: Splits, root: str | None) -> dict[str, Any]:

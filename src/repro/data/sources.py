@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -15,6 +16,24 @@ except ImportError:  # a torchvision without its own decoders
     decode_image = None
 
 from repro.errors import DataError
+
+
+class Source(Protocol):
+    """One split: what a data builder returns three of (repro.data.datasets.Splits)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]: ...  # uint8 CHW, label
+
+    def subset(self, indices: torch.Tensor) -> Source: ...  # these images, in this order
+
+
+def in_memory(source: Source) -> TensorImages | None:
+    """The split as one uint8 (N, C, H, W) tensor and its labels, where its source holds it
+    so (a `tensors()` method, as TensorImages has), else None. Such a split takes the fast
+    paths: whole-batch augmentation, `dataloader=device`, a digest of the tensor."""
+    tensors = getattr(source, "tensors", None)
+    return TensorImages(*tensors()) if callable(tensors) else None
 
 
 class TensorImages:
@@ -32,6 +51,9 @@ class TensorImages:
 
     def subset(self, indices: torch.Tensor) -> TensorImages:
         return TensorImages(self.images[indices], self.labels[indices])
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images, self.labels
 
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}

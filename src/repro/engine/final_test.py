@@ -26,7 +26,8 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
     if not cfg.trainer.test_after_fit or not finished:
         return {}
     which, model = _weights(cfg.trainer.test_weights, trainer)
-    _, eval_transform = build.pipelines(cfg, resized=parts.data.resized)
+    data = parts.data
+    _, eval_transform = build.pipelines(cfg, resized=data.resized, any_size=data.any_size)
     loader = build.evaluation_loader(cfg, parts.data.test, eval_transform, parts.context)
     prepare, autocast = trainer.memory_format.batch, trainer.precision.autocast
     with Batches(loader) as batches:

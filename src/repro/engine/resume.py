@@ -68,6 +68,9 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
     """A recorded config (a checkpoint's, a resolved_config.yaml's) in today's layout: what
     has moved since is where it is now. A copy; the record is left as it was."""
     upgraded = copy.deepcopy(recorded)
+    data = upgraded.get("data", {})
+    if "name" in data and "_target_" not in data:  # the builders are named as the options were
+        data["_target_"] = f"repro.data.datasets.{data.pop('name')}"
     if "objective" not in upgraded:
         smoothing = upgraded.get("trainer", {}).pop("label_smoothing", 0.0)
         upgraded["objective"] = {"_target_": DEFAULT_OBJECTIVE, "label_smoothing": smoothing}
