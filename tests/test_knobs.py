@@ -292,7 +292,7 @@ def test_loader_workers_start_once_per_run_and_stop_with_it_even_after_an_error(
 
     def failing(trainer, images, labels):
         children.append({child.pid for child in multiprocessing.active_children()})
-        if trainer.position.step == 7:
+        if trainer.state.position.step == 7:
             raise RuntimeError("boom")
         return original(trainer, images, labels)
 

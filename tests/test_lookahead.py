@@ -37,11 +37,11 @@ def test_pulls_come_on_the_cadence_and_at_the_last_step_and_the_model_trains_on_
     for step in (1, 2):
         train_a_little(net)
         trained = snapshot(net)
-        lookahead.after_step(step)  # off the cadence: nothing moves
+        lookahead.pull(step)  # off the cadence: nothing moves
         assert all(torch.equal(net.state_dict()[name], trained[name]) for name in trained)
     train_a_little(net)
     trained = snapshot(net)
-    lookahead.after_step(3)
+    lookahead.pull(3)
     for name, now in net.state_dict().items():
         if name.endswith("num_batches_tracked"):  # an integer: left to training
             assert torch.equal(now, trained[name])
@@ -49,7 +49,7 @@ def test_pulls_come_on_the_cadence_and_at_the_last_step_and_the_model_trains_on_
             assert torch.allclose(now, 0.75 * start[name] + 0.25 * trained[name]), name
     pulled = {name: tensor.clone() for name, tensor in lookahead.state_dict().items()}
     train_a_little(net)
-    lookahead.after_step(7)  # the run's last step, off the cadence: pulled all the same
+    lookahead.pull(7)  # the run's last step, off the cadence: pulled all the same
     slow = lookahead.state_dict()
     assert list(slow) == [name for name in net.state_dict() if "num_batches" not in name]
     assert not all(torch.equal(slow[name], pulled[name]) for name in slow)

@@ -226,9 +226,9 @@ def test_tta_changes_every_evaluation_and_never_the_weights(tmp_path):
 def test_train_seconds_leave_evaluations_out_and_add_up_over_attempts(tmp_path, monkeypatch):
     evaluate_model = Trainer.evaluate
 
-    def slow(self, model):
+    def slow(self, model, **options):
         time.sleep(0.5)
-        return evaluate_model(self, model)
+        return evaluate_model(self, model, **options)
 
     monkeypatch.setattr(Trainer, "evaluate", slow)
     run = tiny("trainer.epochs=2", "trainer.eval_every_steps=2")  # 6 evaluations, 3 s asleep

@@ -44,7 +44,7 @@ def test_changed_code_is_caught_at_the_step_it_changes(recorded, monkeypatch):
     original = Trainer.train_step
 
     def nudged(self, images, labels):
-        if self.position.step == 6:  # the 7th step sees one wrong label
+        if self.state.position.step == 6:  # the 7th step sees one wrong label
             labels = labels.clone()
             labels[0] = (labels[0] + 1) % 10
         return original(self, images, labels)

@@ -5,7 +5,8 @@
 A callback is any object with some of these methods (dispatched by name: no base class needed;
 `Callback` below documents them and does nothing):
 
-- `after_step(loop)`: after each optimizer step; `loop.position` says where the run is;
+- `at_start(loop)`, `before_step(loop)`: when the loop starts; before each step's batch;
+- `after_step(loop)`: after each optimizer step; `loop.state.position` says where the run is;
 - `after_evaluation(loop, row, predictions)`: after each evaluation and its metrics row;
   `predictions.confusion(classes)` gives the confusion matrix of that validation pass;
 - `at_checkpoint(loop)`: just before a checkpoint is written (flush what must match it);
@@ -21,49 +22,89 @@ not change the weights, and a run may resume with other callbacks than it starte
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from repro.errors import ConfigError
+from repro.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
-HOOKS = ("after_step", "after_evaluation", "at_checkpoint", "at_end")
+HOOKS = ("at_start", "before_step", "after_step", "extra_metrics", "after_evaluation",
+         "at_checkpoint", "at_end")  # fmt: skip
 
 
 class Callback:
     """The interface, for reading and for subclassing; every method does nothing."""
 
-    def after_step(self, loop: Any) -> None: ...
+    def at_start(self, loop: Any) -> None:
+        """The loop starts (or resumes) training at `loop.state.position`."""
 
-    def after_evaluation(self, loop: Any, row: dict[str, float], predictions: Any) -> None: ...
+    def before_step(self, loop: Any) -> None:
+        """A step is about to fetch its batch."""
 
-    def at_checkpoint(self, loop: Any) -> None: ...
+    def after_step(self, loop: Any) -> None:
+        """An optimizer step is done; `loop.state.position` counts it."""
 
-    def at_end(self, loop: Any, summary: dict[str, Any]) -> None: ...
+    def after_evaluation(self, loop: Any, row: dict[str, float], predictions: Any) -> None:
+        """An evaluation's row is written; `predictions.confusion(classes)` on every rank."""
+
+    def at_checkpoint(self, loop: Any) -> None:
+        """A checkpoint is about to be taken."""
+
+    def at_end(self, loop: Any, summary: dict[str, Any]) -> None:
+        """Training is over; `summary` is what summary.json holds."""
 
 
 class Callbacks:
-    """A run's callbacks by name, called in the config's order; each hook calls only the
-    callbacks that have it, so an unused hook costs the loop next to nothing."""
+    """A run's callbacks by name, called in order: first the `parts` (weight averaging,
+    lookahead: they change the weights, and their state must be in the checkpoint a run
+    resumes from), then the `named` ones (what only watches: the template's progress bar,
+    profiler and sync debugging, and the config's `callbacks`). Each hook calls only those
+    that have it, so an unused hook costs the loop next to nothing. One that is a context
+    manager is entered when the loop starts and left when it stops, with its error if any."""
 
-    def __init__(self, named: dict[str, Any] | None = None) -> None:
-        self.named = dict(named or {})
+    def __init__(self, named: dict[str, Any] | None = None, parts: dict[str, Any] | None = None):
+        self.parts, self.named = dict(parts or {}), dict(named or {})
+        everyone = [*self.parts.values(), *self.named.values()]
         self._hooked = {
-            hook: [
-                getattr(callback, hook)
-                for callback in self.named.values()
-                if hasattr(callback, hook)
-            ]
+            hook: [getattr(callback, hook) for callback in everyone if hasattr(callback, hook)]
             for hook in HOOKS
         }
+        self._managers = [callback for callback in everyone if hasattr(callback, "__enter__")]
+
+    def get(self, name: str) -> Any:
+        """The part or callback of that name, or None."""
+        return self.parts.get(name, self.named.get(name))
+
+    @contextlib.contextmanager
+    def running(self, loop: Any) -> Iterator[None]:
+        """Around the loop: the context managers entered, then `at_start`."""
+        with contextlib.ExitStack() as stack:
+            for manager in self._managers:
+                stack.enter_context(manager)
+            for call in self._hooked["at_start"]:
+                call(loop)
+            yield
+
+    def before_step(self, loop: Any) -> None:
+        for call in self._hooked["before_step"]:
+            call(loop)
 
     def after_step(self, loop: Any) -> None:
         for call in self._hooked["after_step"]:
             call(loop)
+
+    def extra_metrics(self, loop: Any) -> dict[str, float]:
+        """Columns the parts add to an evaluation's row (the weight average's `ema_val_...`)."""
+        extra: dict[str, float] = {}
+        for call in self._hooked["extra_metrics"]:
+            extra |= call(loop)
+        return extra
 
     def after_evaluation(self, loop: Any, row: dict[str, float], predictions: Any) -> None:
         for call in self._hooked["after_evaluation"]:
@@ -78,15 +119,14 @@ class Callbacks:
             call(loop, summary)
 
     def state_dict(self) -> dict[str, Any]:
+        """The named callbacks' states (a checkpoint's `callbacks` entry)."""
         return {
-            name: callback.state_dict()
-            for name, callback in self.named.items()
-            if hasattr(callback, "state_dict")
+            name: cb.state_dict() for name, cb in self.named.items() if hasattr(cb, "state_dict")
         }
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
-        """Each stateful callback's saved state; one the checkpoint has none for (added on
-        resume) starts afresh."""
+        """Each stateful named callback's saved state; one the checkpoint has none for (added
+        on resume) starts afresh."""
         for name, callback in self.named.items():
             if not hasattr(callback, "load_state_dict"):
                 continue
@@ -95,11 +135,24 @@ class Callbacks:
             else:
                 log.info("callbacks.%s: no state in the checkpoint; it starts afresh", name)
 
+    def parts_state(self) -> dict[str, Any]:
+        """The parts' states, each a top-level entry of a checkpoint under its name."""
+        return {name: part.state_dict() for name, part in self.parts.items()}
 
-def build(nodes: Any) -> Callbacks:
-    """`cfg.callbacks`: name -> a node with a `_target_` (a null node is left out, so that
-    `callbacks.NAME=null` turns one off)."""
-    built = {}
+    def load_parts(self, state: dict[str, Any]) -> None:
+        """The parts' states: one the checkpoint lacks cannot be resumed."""
+        for name, part in self.parts.items():
+            if state.get(name) is None:
+                raise CheckpointError(f"the checkpoint holds no {name} state to resume")
+            part.load_state_dict(state[name])
+
+
+def build(
+    nodes: Any, builtin: dict[str, Any] | None = None, parts: dict[str, Any] | None = None
+) -> Callbacks:
+    """The template's `builtin` watchers and `parts`, then `cfg.callbacks`: name -> a node with
+    a `_target_` (a null node is left out, so that `callbacks.NAME=null` turns one off)."""
+    built = dict(builtin or {})
     for name, node in (nodes or {}).items():
         if node is None:
             continue
@@ -112,4 +165,4 @@ def build(nodes: Any) -> Callbacks:
             raise ConfigError(
                 f"{key}._target_", node.get("_target_"), f"could not build it: {error}"
             ) from None
-    return Callbacks(built)
+    return Callbacks(built, parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -22,3 +23,25 @@ def progress_bar(setting: str = "auto") -> Progress:
         disable=not shown,
         transient=True,
     )
+
+
+class TrainingBar:
+    """The training loop's bar, as a callback (`logger.progress`): one tick per step."""
+
+    def __init__(self, setting: str = "auto") -> None:
+        self.bar = progress_bar(setting)
+
+    def __enter__(self) -> TrainingBar:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(None, None, None)
+
+    def at_start(self, loop: Any) -> None:
+        done = loop.state.position.step
+        self.task = self.bar.add_task("train", total=loop.total_steps, completed=done)
+
+    def after_step(self, loop: Any) -> None:
+        if not self.bar.disable:
+            self.bar.advance(self.task)

@@ -99,16 +99,17 @@ def _train(
         _start(trainer, state, run_dir)
         log.info("training %s", _describe(cfg, parts, knobs))
         trainer.fit()
-        trainer.metrics.close()
+        trainer.outputs.metrics.close()
 
         summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
         summary |= final_test.test_after_fit(cfg, trainer, parts)  # with trainer.test_after_fit
         trainer.callbacks.at_end(trainer, summary)
         if dist.is_main:
-            _write_records(run_dir, summary, run_history, cfg, trainer.metrics)
+            _write_records(run_dir, summary, run_history, cfg, trainer.outputs.metrics)
     except BaseException as error:
         if dist.is_main:
-            run_history.fail(error, trainer.position.step if trainer is not None else start_step)
+            step = trainer.state.position.step if trainer is not None else start_step
+            run_history.fail(error, step)
         raise
     distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
     return summary
@@ -139,10 +140,10 @@ def _start(trainer: Trainer, state: dict | None, run_dir: Path) -> None:
     if state:
         trainer.load_state_dict(state)
     if trainer.dist.is_main:
-        resume.truncate_logs(run_dir, trainer.position.step)
-        trainer.checkpointer.settle_best(trainer.best.step)
+        resume.truncate_logs(run_dir, trainer.state.position.step)
+        trainer.outputs.checkpointer.settle_best(trainer.state.best.step)
     if state:
-        pos = trainer.position
+        pos = trainer.state.position
         where = f"at epoch {pos.epoch}, batch {pos.batch}, step {pos.step}"
         log.info("resumed from %s %s", state["loaded_from"], where)
 
@@ -168,9 +169,9 @@ def _summary(
 ) -> dict[str, Any]:
     """What summary.json holds, but the data fingerprint: the last evaluation and how the run
     got there. `started` is the `time.perf_counter()` of this process's start of training."""
-    position = trainer.position
+    position = trainer.state.position
     return {
-        **trainer.last_eval,
+        **trainer.state.last_eval,
         "seed": trainer.extra_state["root_seed"],
         "weights_sha256": weights_sha256(trainer.model),
         "wall_s": time.perf_counter() - started,
@@ -179,11 +180,11 @@ def _summary(
         "parameters": _parameters(trainer.model),
         "init_weights": trainer.extra_state["init_weights"],
         "step": position.step,
-        "completed": position.step >= trainer.total_steps or trainer.stopped_early,
-        "stopped_early": trainer.stopped_early,
-        f"best_{trainer.settings.monitor}": trainer.best.value,
-        "best_step": trainer.best.step,
-        "stopped_by_signal": trainer.stopped_by,
+        "completed": position.step >= trainer.total_steps or trainer.state.stopped_early,
+        "stopped_early": trainer.state.stopped_early,
+        f"best_{trainer.settings.monitor}": trainer.state.best.value,
+        "best_step": trainer.state.best.step,
+        "stopped_by_signal": trainer.state.stopped_by,
         "resumed_from_step": state["position"]["step"] if state else None,
         "amp": knobs.precision.mode,
         "amp_emulated": knobs.precision.emulated,

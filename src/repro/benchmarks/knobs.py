@@ -89,10 +89,10 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
     device = select_device(cfg.trainer.device)
     common.reset_peak_memory(device)
     trainer = common.trainer(cfg, data, folder, total_steps=warmup + timed)
-    source = common.endless(trainer.train_loader, trainer.sampler)
+    source = common.endless(trainer.data.train_loader, trainer.data.sampler)
     try:
         for _ in range(warmup):
-            trainer.train_step(*trainer.to_device(*next(source)))
+            trainer.train_step(*trainer.data.to_device(*next(source)))
         clock = common.Clock(device)
         clock.sync()
         waits, images = [], 0
@@ -100,7 +100,7 @@ def measure(cfg: DictConfig, data: Any, folder: Path, warmup: int, timed: int) -
         clock.mark()
         for _ in range(timed):
             fetch = time.perf_counter()
-            batch, labels = trainer.to_device(*next(source))
+            batch, labels = trainer.data.to_device(*next(source))
             waits.append(time.perf_counter() - fetch)
             trainer.train_step(batch, labels)
             images += len(labels)

@@ -32,7 +32,7 @@ from repro.benchmarks.common import Column, Result
 from repro.data.loader import Batches
 from repro.engine.loop import Trainer
 from repro.engine.metrics import Throughput
-from repro.engine.position import Position
+from repro.engine.position import Position, RunState
 
 ACCEPT = 0.97
 
@@ -51,14 +51,14 @@ class TemplateLoop(Trainer):
     def evaluate_and_log(self, throughput: Throughput) -> None:
         self.flush_losses()
         _, wait = throughput.read()
-        self.last_eval = {"step": self.position.step, "data_wait_frac": wait}
+        self.state.last_eval = {"step": self.state.position.step, "data_wait_frac": wait}
 
     def checkpoint(self) -> None:
         self.flush_losses()
 
 
 def template(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float:
-    trainer.position, trainer.total_steps, trainer.last_eval = Position(epoch=epoch), steps, {}
+    trainer.state, trainer.total_steps = RunState(Position(epoch=epoch)), steps
     clock.sync()
     started = time.perf_counter()
     trainer.run()
@@ -69,15 +69,17 @@ def template(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> f
 def bare(trainer: Trainer, epoch: int, steps: int, clock: common.Clock) -> float:
     """A plain loop over the trainer's own objects; nothing of the template's bookkeeping."""
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
-    scaler, dtype = trainer.precision.scaler, trainer.precision.dtype
+    scaler, dtype = trainer.knobs.precision.scaler, trainer.knobs.precision.dtype
     device = trainer.device
-    norm = trainer.to_device  # only its precomputed scale and shift tensors are used
-    channels_last = trainer.memory_format.format is torch.channels_last
+    norm = trainer.data.to_device  # only its precomputed scale and shift tensors are used
+    channels_last = trainer.knobs.memory_format.format is torch.channels_last
     # The default objective, written out: its smoothing read from the built one (Checked).
     smoothing = getattr(trainer.objective.objective, "label_smoothing", 0.0)
     clip = trainer.settings.grad_clip
-    loader = getattr(trainer.train_loader, "wrapped", trainer.train_loader)  # the DataLoader
-    trainer.sampler.set_epoch(epoch)
+    loader = getattr(
+        trainer.data.train_loader, "wrapped", trainer.data.train_loader
+    )  # the DataLoader
+    trainer.data.sampler.set_epoch(epoch)
     clock.sync()
     started = time.perf_counter()
     with Batches(loader) as batches:
@@ -111,9 +113,9 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     data = build.splits(cfg, int(cfg.seed.value))
     total = 2 * (warmup + pairs * steps)
     trainer = common.trainer(cfg, data, run_dir / "template", total, loop=TemplateLoop)
-    per_epoch = trainer.sampler.batches_per_epoch()
+    per_epoch = trainer.data.sampler.batches_per_epoch()
     steps = min(steps, per_epoch)
-    batch = int(trainer.sampler.batch_size)
+    batch = int(trainer.data.sampler.batch_size)
     clock = common.Clock(trainer.device)
     loops = {"template": template, "bare": bare}
     rows: list[dict[str, Any]] = []

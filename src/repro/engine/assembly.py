@@ -27,32 +27,16 @@ from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.invariant import InvariantStep
 from repro.engine.loggers import MetricsLog
 from repro.engine.lookahead import Lookahead
-from repro.engine.loop import LoopSettings, Trainer
+from repro.engine.loop import Trainer
 from repro.engine.mixing import BatchMixer
+from repro.engine.profiling import watchers
+from repro.engine.settings import Knobs, LoopData, LoopSettings, Outputs
+from repro.engine.step import OptimizerStep
 from repro.errors import ConfigError
 from repro.runtime import compilation, determinism, distributed, threads
 from repro.runtime.devices import reuse_host_memory, select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """This process's place in the job, and what this machine made of the config's device,
-    precision and layout settings."""
-
-    dist: distributed.Context
-    device: torch.device
-    precision: Precision
-    memory_format: MemoryFormat
-
-    def resolved(self) -> dict[str, str]:
-        """The values a resume must find unchanged (stored in every checkpoint)."""
-        return {
-            "device": self.device.type,
-            "amp": self.precision.mode,
-            "memory_format": self.memory_format.name,
-        }
 
 
 @dataclass
@@ -129,15 +113,6 @@ def build_parts(
     )
 
 
-@dataclass(frozen=True)
-class Outputs:
-    """Where a Trainer writes: checkpoints, the metrics log and the fingerprint log."""
-
-    checkpointer: Checkpointer
-    metrics: MetricsLog
-    fingerprints: FingerprintLog
-
-
 def outputs(
     cfg: Any, run_dir: Path, checkpointer: Checkpointer, dist: distributed.Context
 ) -> Outputs:
@@ -157,49 +132,52 @@ def trainer(
 ) -> Trainer:
     """The loop over `parts`. Every checkpoint holds `extra_state` (the config and the seed)
     and the values a resume must find unchanged (`Knobs.resolved`)."""
-    ema = WeightAverage(parts.model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay else None
-    objective = build.objective(cfg)
-    invariant = _invariant_step(cfg, knobs, parts, objective, ema)
+    objective, settings = build.objective(cfg), LoopSettings.from_config(cfg)
+    if cfg.trainer.world_invariant:
+        step: Any = _invariant_step(cfg, knobs, parts, objective)
+    else:
+        mixer = _mixer(cfg, int(cfg.seed.value), knobs.dist.rank)  # the resolved root seed
+        step = OptimizerStep(
+            parts.model, parts.forward_model, parts.optimizer, parts.scheduler,
+            knobs.precision, knobs.memory_format, settings, objective, mixer,
+        )  # fmt: skip
+    data = LoopData(
+        parts.train_loader, parts.sampler, parts.val_loader,
+        build.device_batches(cfg, knobs.device),
+    )  # fmt: skip
+    run_dir = outputs.checkpointer.folder.parent
+    builtin = watchers(cfg.trainer, cfg.logger, run_dir, knobs.device, knobs.dist)
     return loop(
         model=parts.model,
         optimizer=parts.optimizer,
         scheduler=parts.scheduler,
-        precision=knobs.precision,
-        memory_format=knobs.memory_format,
-        to_device=build.device_batches(cfg, knobs.device),
-        train_loader=parts.train_loader,
-        sampler=parts.sampler,
-        val_loader=parts.val_loader,
-        checkpointer=outputs.checkpointer,
-        metrics=outputs.metrics,
-        fingerprints=outputs.fingerprints,
-        settings=LoopSettings.from_config(cfg),
+        step=step,
         objective=objective,
+        data=data,
+        knobs=knobs,
+        outputs=outputs,
+        settings=settings,
         extra_state={**extra_state, "resolved": knobs.resolved()},
         total_steps=parts.total_steps,
-        dist=knobs.dist,
-        forward_model=parts.forward_model,
-        mixer=_mixer(cfg, int(cfg.seed.value), knobs.dist.rank),  # the resolved root seed
-        ema=ema,
-        lookahead=_lookahead(cfg.trainer, parts),
-        step=invariant,
-        callbacks=callbacks.build(cfg.get("callbacks")),
+        callbacks=callbacks.build(cfg.get("callbacks"), builtin, _parts(cfg.trainer, parts)),
     )
 
 
-def _lookahead(trainer: Any, parts: Parts) -> Lookahead | None:
-    if trainer.lookahead_every is None:
-        return None
-    every, decay = int(trainer.lookahead_every), float(trainer.lookahead_decay)
-    return Lookahead(parts.model, every, decay, str(trainer.lookahead_ramp), parts.total_steps)
+def _parts(trainer: Any, parts: Parts) -> dict[str, Any]:
+    """The optional parts that change the weights: the weight average, then lookahead (the
+    order they act in after a step)."""
+    found: dict[str, Any] = {}
+    if trainer.ema_decay is not None:
+        found["ema"] = WeightAverage(parts.model, trainer.ema_decay)
+    if trainer.lookahead_every is not None:
+        every, decay = int(trainer.lookahead_every), float(trainer.lookahead_decay)
+        ramp = str(trainer.lookahead_ramp)
+        found["lookahead"] = Lookahead(parts.model, every, decay, ramp, parts.total_steps)
+    return found
 
 
-def _invariant_step(
-    cfg: Any, knobs: Knobs, parts: Parts, objective: Any, ema: Any
-) -> InvariantStep | None:
+def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, objective: Any) -> InvariantStep:
     """The optimizer step of `trainer.world_invariant`, checked against this world."""
-    if not cfg.trainer.world_invariant:
-        return None
     per_rank, micro = build.rank_batch_size(cfg, knobs.dist.world), cfg.trainer.micro_batch
     if per_rank % micro:
         allowed = f"a divisor of the {per_rank} images each of {knobs.dist.world} ranks gets"
@@ -213,7 +191,7 @@ def _invariant_step(
         raise ConfigError("trainer.num_threads", None, allowed)
     return InvariantStep(
         parts.model, parts.optimizer, parts.scheduler, knobs.precision, knobs.memory_format,
-        LoopSettings.from_config(cfg), objective, micro, int(cfg.seed.value), knobs.dist, ema,
+        LoopSettings.from_config(cfg), objective, micro, int(cfg.seed.value), knobs.dist,
     )  # fmt: skip
 
 

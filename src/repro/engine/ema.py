@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from repro.engine.evaluation import evaluation_columns
+
 
 class WeightAverage:
     def __init__(self, model: nn.Module, decay: float) -> None:
@@ -34,6 +36,15 @@ class WeightAverage:
         torch._foreach_lerp_(averaged, current, 1 - self.decay)
         for mine, theirs in self._counts:
             mine.copy_(theirs)
+
+    # ---- as a part of the loop (repro.callbacks) ---------------------------------------
+
+    def after_step(self, loop: Any) -> None:
+        self.update()
+
+    def extra_metrics(self, loop: Any) -> dict[str, float]:
+        """The average's evaluation: the `ema_val_...` columns of the row."""
+        return evaluation_columns("ema_val", loop.evaluate(self.model))
 
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from repro.objectives import TOTAL, CrossEntropy, Objective, Targets, batch_sums
+from repro.objectives import TOTAL, CrossEntropy, Objective, Targets, batch_sums, column
 from repro.runtime import distributed
 
 
@@ -116,3 +116,9 @@ def evaluate(
     if keep_predictions:
         result["predictions"] = kept
     return result
+
+
+def evaluation_columns(prefix: str, result: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's results as metrics columns: `val_loss`, `val_acc`, `val_<term>` ..."""
+    ordered = [TOTAL, "acc", *(name for name in result if name not in (TOTAL, "acc"))]
+    return {column(prefix, name): result[name] for name in ordered}

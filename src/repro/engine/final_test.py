@@ -22,19 +22,19 @@ log = logging.getLogger(__name__)
 def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
     """`test_loss`, `test_acc` and the weights used, for a run that trained to its end (or
     stopped early); nothing for a run stopped by a signal or a halt."""
-    finished = trainer.stopped_early or trainer.position.step >= trainer.total_steps
+    finished = trainer.state.stopped_early or trainer.state.position.step >= trainer.total_steps
     if not cfg.trainer.test_after_fit or not finished:
         return {}
     which, model = _weights(cfg.trainer.test_weights, trainer)
     data = parts.data
     _, eval_transform = build.pipelines(cfg, resized=data.resized, any_size=data.any_size)
     loader = build.evaluation_loader(cfg, parts.data.test, eval_transform, parts.context)
-    prepare, autocast = trainer.memory_format.batch, trainer.precision.autocast
+    prepare, autocast = trainer.knobs.memory_format.batch, trainer.knobs.precision.autocast
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
         tta, objective = trainer.settings.tta, trainer.objective
         result = evaluate(
-            model, one_pass, trainer.to_device, prepare, autocast, trainer.dist, tta,
+            model, one_pass, trainer.data.to_device, prepare, autocast, trainer.dist, tta,
             objective=objective,
         )  # fmt: skip
     log.info("test (%s weights) | loss %.4f acc %.4f", which, result["loss"], result["acc"])
@@ -44,14 +44,15 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
 
 def _weights(which: str, trainer: Trainer) -> tuple[str, nn.Module]:
     if which == "ema":
-        assert trainer.ema is not None  # config.validate requires trainer.ema_decay
-        return which, trainer.ema.model
+        average = trainer.callbacks.get("ema")
+        assert average is not None  # config.validate requires trainer.ema_decay
+        return which, average.model
     if which == "last":
         return which, trainer.model
-    best = trainer.checkpointer.folder / BEST_FILE
+    best = trainer.outputs.checkpointer.folder / BEST_FILE
     # Rank 0 wrote best.pt (its last write is on disk: Trainer.close waited) and decides for
     # every rank, so that all of them test the same weights.
-    recorded = trainer.best.step
+    recorded = trainer.state.best.step
     usable = trainer.dist.is_main and recorded is not None and best_step_of(best) == recorded
     if not distributed.broadcast(usable, trainer.dist):  # rank 0's answer
         log.warning(

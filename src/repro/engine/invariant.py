@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from repro.engine.ema import WeightAverage
 from repro.engine.settings import LoopSettings
 from repro.objectives import TOTAL, Objective, Targets, batch_means
 from repro.runtime import distributed
@@ -110,7 +109,6 @@ class InvariantStep:
     micro_batch: int
     root_seed: int
     dist: distributed.Context
-    ema: WeightAverage | None = None
     norms: BatchNormStatistics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -148,8 +146,6 @@ class InvariantStep:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update()
         means = total[-len(names) :]
         return {name: means[index] for index, name in enumerate(names)}
 

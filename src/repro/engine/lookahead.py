@@ -12,6 +12,8 @@ a resume between two pulls is exact.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -34,8 +36,12 @@ class Lookahead:
             return self.decay * (step / self.total_steps) ** 3
         return self.decay
 
+    def after_step(self, loop: Any) -> None:
+        """As a part of the loop (repro.callbacks): after every optimizer step."""
+        self.pull(loop.state.position.step)
+
     @torch.no_grad()
-    def after_step(self, step: int) -> None:
+    def pull(self, step: int) -> None:
         """Pull and write back if `step` (optimizer steps done) is on the cadence or the last."""
         if step % self.every and step != self.total_steps:
             return

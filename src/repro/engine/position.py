@@ -25,6 +25,15 @@ class Position:
         """A copy to checkpoint: the loop goes on changing the sums while it is written."""
         return {**vars(self), "term_sums": dict(self.term_sums)}
 
+    def advance(self, batches_per_epoch: int) -> bool:
+        """Count a step done; whether it ended its epoch (the next one then starts)."""
+        self.batch += 1
+        self.step += 1
+        if self.batch < batches_per_epoch:
+            return False
+        self.epoch, self.batch = self.epoch + 1, 0
+        return True
+
 
 @dataclass
 class Best:
@@ -50,3 +59,15 @@ class Best:
     def spent(self, patience: int | None) -> bool:
         """`patience` evaluations in a row without a better value (None: never)."""
         return patience is not None and self.stale >= patience
+
+
+@dataclass
+class RunState:
+    """What a run's loop has done so far, all of it checkpointed: where it is, its last
+    evaluation row, its best monitored value, and whether it stopped early or by a signal."""
+
+    position: Position = field(default_factory=Position)
+    last_eval: dict[str, float] = field(default_factory=dict)
+    best: Best = field(default_factory=Best)
+    stopped_by: int | None = None  # the signal that stopped it (not checkpointed)
+    stopped_early: bool = False

@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from repro.engine.position import Position
 from repro.files import atomic_path, write_text_atomic
+from repro.progress import TrainingBar
 from repro.runtime import distributed
 
 log = logging.getLogger(__name__)
@@ -35,16 +36,16 @@ TABLE_ROWS = 40
 
 
 class StepProfiler:
-    """Opens and closes torch.profiler around the configured steps of a loop at `position`;
-    the loop calls `before_step` before every step, and leaving the block closes an open
-    window."""
+    """Opens and closes torch.profiler around the configured steps of a loop at `position`
+    (or, as the loop's callback, the loop's position when it starts); `before_step` comes
+    before every step, and leaving the block closes an open window."""
 
     def __init__(
         self,
         window: tuple[int, int] | None,
         run_dir: Path,
         device: torch.device,
-        position: Position,
+        position: Position | None = None,
         dist: distributed.Context | None = None,
     ) -> None:
         self.window, self.device, self.position = window, device, position
@@ -54,7 +55,10 @@ class StepProfiler:
         self._profiler: Any = None
         self._span: Any = None  # the current step's span in the trace
 
-    def before_step(self) -> None:
+    def at_start(self, loop: Any) -> None:
+        self.position = loop.state.position
+
+    def before_step(self, loop: Any = None) -> None:
         if self.window is None:
             return
         first, last = self.window
@@ -128,7 +132,7 @@ class StepProfiler:
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if self._profiler is None:
-            if self.window is not None and self.position.step < self.window[0]:
+            if self.window is not None and self.position and self.position.step < self.window[0]:
                 log.info("not profiled: the run ended before step %d", self.window[0])
             return
         if kind is None:
@@ -138,3 +142,41 @@ class StepProfiler:
         # second error while stopping (the GPU's, once more) is not raised over it.
         with contextlib.suppress(Exception):
             self._stop()
+
+
+class SyncDebug:
+    """`trainer.sync_debug` on CUDA, as the loop's callback: from the second step (the first
+    compiles and autotunes), torch warns, with the line, at every host sync; off again when
+    the loop stops. On another device it does nothing."""
+
+    def __init__(self) -> None:
+        self.active = self.armed = False
+
+    def __enter__(self) -> SyncDebug:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            torch.cuda.set_sync_debug_mode(0)
+
+    def at_start(self, loop: Any) -> None:
+        self.active = self.armed = loop.device.type == "cuda"
+
+    def after_step(self, loop: Any) -> None:
+        if self.armed:
+            torch.cuda.set_sync_debug_mode("warn")
+            self.armed = False
+
+
+def watchers(
+    trainer_cfg: Any, logger_cfg: Any, run_dir: Path, device: torch.device, dist: Any
+) -> dict[str, Any]:
+    """The template's own callbacks that only watch the loop, as the config asks."""
+    found: dict[str, Any] = {"progress": TrainingBar(str(logger_cfg.progress))}
+    window = trainer_cfg.profile_steps
+    if window is not None:
+        steps = (int(window[0]), int(window[1]))
+        found["profiler"] = StepProfiler(steps, run_dir, device, dist=dist)
+    if trainer_cfg.sync_debug:
+        found["sync_debug"] = SyncDebug()
+    return found

@@ -1,9 +1,64 @@
-"""The loop's settings: what `engine/loop.py` reads from a run's config, read once."""
+"""What the loop is given besides its model: the settings it reads from the config (read
+once), what this machine made of the knobs, its data and where it writes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from repro.runtime import distributed
+from repro.runtime.memory_format import MemoryFormat
+from repro.runtime.precision import Precision
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from repro.data.samplers import EpochBatches
+    from repro.engine.checkpoint import Checkpointer
+    from repro.engine.fingerprint_log import FingerprintLog
+    from repro.engine.loggers import MetricsLog
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """This process's place in the job, and what this machine made of the config's device,
+    precision and layout settings."""
+
+    dist: distributed.Context
+    device: torch.device
+    precision: Precision
+    memory_format: MemoryFormat
+
+    def resolved(self) -> dict[str, str]:
+        """The values a resume must find unchanged (stored in every checkpoint)."""
+        return {
+            "device": self.device.type,
+            "amp": self.precision.mode,
+            "memory_format": self.memory_format.name,
+        }
+
+
+@dataclass(frozen=True)
+class LoopData:
+    """The loop's batches: training batches from the sampler's position, validation passes,
+    and the copy of a batch to the device (normalised)."""
+
+    train_loader: DataLoader
+    sampler: EpochBatches
+    val_loader: DataLoader
+    to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a loop writes: checkpoints, the metrics log and the fingerprint log."""
+
+    checkpointer: Checkpointer
+    metrics: MetricsLog
+    fingerprints: FingerprintLog
 
 
 @dataclass(frozen=True)
@@ -17,10 +72,7 @@ class LoopSettings:
     checkpoint_every_steps: int | None = None
     halt_at_step: int | None = None
     save_checkpoints: bool = True
-    sync_debug: bool = False
-    profile_steps: tuple[int, int] | None = None
     fingerprint_every_steps: int = 50
-    progress: str = "auto"
     monitor: str = "val_acc"
     monitor_mode: str = "max"
     patience: int | None = None
@@ -39,10 +91,7 @@ class LoopSettings:
             checkpoint_every_steps=trainer.checkpoint_every_steps,
             halt_at_step=trainer.halt_at_step,
             save_checkpoints=bool(trainer.save_checkpoints),
-            sync_debug=bool(trainer.sync_debug),
-            profile_steps=_window(trainer.profile_steps),
             fingerprint_every_steps=int(logger.fingerprint_every_steps),
-            progress=str(logger.progress),
             monitor=str(trainer.monitor),
             monitor_mode=str(trainer.monitor_mode),
             patience=trainer.patience,
@@ -50,8 +99,3 @@ class LoopSettings:
             world_invariant=bool(trainer.world_invariant),
             tta=str(trainer.tta),
         )
-
-
-def _window(steps: Any) -> tuple[int, int] | None:
-    """`trainer.profile_steps` as (first, last), or None."""
-    return None if steps is None else (int(steps[0]), int(steps[1]))

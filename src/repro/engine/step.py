@@ -1,5 +1,5 @@
 """One optimizer step: MixUp/CutMix, micro-batches, the objective and its scaled backward,
-clipping, the optimizer, schedule and weight-average updates."""
+clipping, the optimizer and schedule updates."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from repro.engine.ema import WeightAverage
 from repro.engine.mixing import BatchMixer
 from repro.engine.settings import LoopSettings
 from repro.objectives import TOTAL, Objective, Targets, batch_means
@@ -30,7 +29,6 @@ class OptimizerStep:
     settings: LoopSettings
     objective: Objective
     mixer: BatchMixer | None = None
-    ema: WeightAverage | None = None
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int
@@ -69,8 +67,6 @@ class OptimizerStep:
         scaler.step(self.optimizer)
         scaler.update()
         self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update()
         return total
 
     def _gradient_sync(self, last: bool) -> AbstractContextManager[Any]:
