@@ -54,7 +54,7 @@ def project(tmp_path_factory) -> Path:
     files = readme_files((dest / "README.md").read_text())
     assert {f"src/{NAME}/logit_penalty.py", "conf/objective/logit_penalty.yaml",
             f"src/{NAME}/confusion.py", f"src/{NAME}/numpy_files.py",
-            "conf/data/numpy_files.yaml"} <= set(files)  # fmt: skip
+            "conf/data/numpy_files.yaml", f"src/{NAME}/top5.py"} <= set(files)  # fmt: skip
     for rel, text in files.items():
         assert not (dest / rel).exists(), f"{rel}: the README's file must be a new one"
         (dest / rel).write_text(text)
@@ -124,6 +124,18 @@ def test_an_objective_term_is_a_column_a_metric_and_a_report_row(project, tmp_pa
     assert all(job["val_logit_penalty"] > 0 for job in report["jobs"])
     rebuilt = run(project, str(sweep), module="report")
     assert rebuilt.returncode == 0 and "val_logit_penalty" in rebuilt.stdout
+
+
+@pytest.mark.e2e
+def test_a_metric_is_a_column_and_can_pick_the_best_checkpoint(project, tmp_path):
+    top5 = [f"objective._target_={NAME}.top5.WithTop5", "trainer.monitor=val_top5"]
+    summary = trained(project, tmp_path / "top5", *RUN, *top5)
+    plain = trained(project, tmp_path / "plain", *RUN)
+    assert summary["weights_sha256"] == plain["weights_sha256"]  # a metric is not trained on
+    for row in rows(tmp_path / "top5"):
+        assert float(row["val_acc"]) <= float(row["val_top5"]) <= 1
+        assert 0 < float(row["train_top5"]) <= 1
+    assert summary["best_val_top5"] == max(float(r["val_top5"]) for r in rows(tmp_path / "top5"))
 
 
 @pytest.mark.e2e

@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from repro import build
+from repro.data.datasets import Splits
+from repro.data.sources import TensorImages
 from repro.engine.checkpoint import load
 from repro.errors import ConfigError
 from repro.models.whitened_cnn import PatchWhitening, WhitenedCNN
+from repro.runtime.seeding import torch_generator
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -35,23 +38,45 @@ def test_the_fitted_filters_decorrelate_the_patches_they_were_fitted_to():
     assert torch.equal(whiten.weight[12:], -whiten.weight[:12]), "each filter and its negative"
 
 
-def test_the_model_is_fitted_to_the_first_training_images_when_a_run_starts():
+def test_the_model_is_fitted_to_images_drawn_by_the_seed_when_a_run_starts():
     cfg = compose_config(*tiny(*WHITENED))
     data = build.splits(cfg, 0)
     model = build.model(cfg, 0)
     unfitted = model[0].weight.clone()
-    build.fit_to_data(model, cfg, data)
+    build.fit_to_data(model, cfg, data, root_seed=0)
     assert not torch.equal(model[0].weight, unfitted)
+    drawn = torch.randperm(len(data.train), generator=torch_generator(0, "fit"))[:200]
+    chosen = torch.stack([data.train[i][0] for i in drawn.sort().values.tolist()])
     expected = PatchWhitening()
-    first = torch.stack([data.train[i][0] for i in range(200)])
-    expected.fit(build.device_batches(cfg, torch.device("cpu"))(first, torch.zeros(200))[0])
+    expected.fit(build.device_batches(cfg, torch.device("cpu"))(chosen, torch.zeros(200))[0])
     assert torch.equal(model[0].weight, expected.weight)
+    other = build.model(cfg, 0)
+    build.fit_to_data(other, cfg, data, root_seed=1)
+    assert not torch.equal(other[0].weight, model[0].weight), "another seed, other images"
     model.fit_images = 0
     with pytest.raises(ConfigError, match=r"model\.fit_images=0"):
-        build.fit_to_data(model, cfg, data)
+        build.fit_to_data(model, cfg, data, root_seed=0)
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
     assert "0.weight" not in trained and "0.bias" in trained
     assert not any(name.endswith("weight") and "2.2" in name for name in trained), "BN scales"
+
+
+def test_a_split_ordered_by_class_is_whitened_for_every_class():
+    """An image folder lists its images class by class; fitting on the first ones would
+    whiten one or two classes. Here class c has contrast (c + 1) / 10, so the first fifth
+    alone gives whitened features of variance about 15 on the whole split."""
+    cfg = compose_config(*tiny(*WHITENED, "model.fit_images=400"))
+    noise = torch.rand(2000, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    contrast = (torch.arange(10).repeat_interleave(200) + 1).float().view(-1, 1, 1, 1) / 10
+    images = (128 + (noise - 0.5) * 255 * contrast).round().clamp(0, 255).to(torch.uint8)
+    ordered = TensorImages(images, torch.arange(10).repeat_interleave(200))
+    model = build.model(cfg, 0)
+    build.fit_to_data(model, cfg, Splits(ordered, ordered, ordered, list("abcdefghij")), 3)
+    sample = torch.randperm(2000, generator=torch.Generator().manual_seed(1))[:500]
+    normalised, _ = build.device_batches(cfg, torch.device("cpu"))(images[sample], sample)
+    features = torch.nn.functional.conv2d(normalised, model[0].weight)[:, :12]
+    variances = features.var(dim=(0, 2, 3))
+    assert variances.min() > 0.7 and variances.max() < 1.4, variances
 
 
 def test_fixed_tensors_stay_put_and_the_run_is_exact_across_loaders_and_a_resume(tmp_path):
@@ -65,7 +90,8 @@ def test_fixed_tensors_stay_put_and_the_run_is_exact_across_loaders_and_a_resume
     assert resumed["weights_sha256"] == straight["weights_sha256"]
     cfg = compose_config(*run)
     model = build.model(cfg, int(straight["seed"]))
-    build.fit_to_data(model, cfg, build.splits(cfg, int(straight["seed"])))
+    seed = int(straight["seed"])
+    build.fit_to_data(model, cfg, build.splits(cfg, seed), seed)
     weights = load(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
     assert torch.equal(weights["0.weight"], model[0].weight), "the whitening is never trained"
     assert torch.equal(weights["2.2.weight"], torch.ones(8)), "nor the batch norms' scales"

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.engine.invariant import tree_sum
+from repro.engine.invariant import InvariantStep, tree_sum
+from repro.engine.settings import LoopSettings
 from repro.errors import ConfigError
+from repro.objectives import CrossEntropy
+from repro.runtime.distributed import Context
+from repro.runtime.memory_format import MemoryFormat
+from repro.runtime.precision import Precision
 
 from conftest import compose_config, read_summary, run_cli, tiny, torchrun, train_in_process
 
@@ -28,6 +33,29 @@ def test_the_tree_sums_in_one_fixed_order():
         one_by_one = one_by_one + row
     assert tree_sum(rows).item() == 3.0 and one_by_one.item() == 4.0
     assert tree_sum(rows[:1]).item() == 1e8
+
+
+@pytest.mark.parametrize("norm", [torch.nn.BatchNorm2d, torch.nn.Identity])
+def test_each_gradient_is_laid_out_as_its_parameter_is(norm):
+    """CUDA's fused SGD (the fast recipes') refuses a gradient whose strides differ from its
+    parameter's: a channels_last weight must get a channels_last gradient. CPU optimizers
+    accept either, so the layout itself is checked (with and without BatchNorm layers)."""
+    layout = MemoryFormat("channels_last")
+    model = layout.model(torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), norm(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+    ))  # fmt: skip
+    weight = model[0].weight
+    assert weight.stride() != weight.contiguous().stride(), "a channels_last weight"
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    step = InvariantStep(
+        model, optimizer, scheduler, Precision("off", torch.device("cpu")), layout,
+        LoopSettings(), CrossEntropy(), micro_batch=4, root_seed=0, dist=Context(),
+    )  # fmt: skip
+    step(torch.randn(8, 3, 8, 8), torch.arange(8) % 4, epoch=0, batch=0)
+    for name, parameter in model.named_parameters():
+        assert parameter.grad.stride() == parameter.stride(), name
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from repro.objectives import Checked, Objective
 from repro.runtime import distributed
 from repro.runtime.memory_format import FORMATS
 from repro.runtime.precision import Precision
-from repro.runtime.seeding import seeded
+from repro.runtime.seeding import seeded, torch_generator
 from repro.runtime.transfer import DeviceBatches, prefetched
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,12 @@ def objective(cfg: Any) -> Objective:
     return Checked(built, target)
 
 
-def fit_to_data(model: nn.Module, cfg: Any, data: Splits) -> None:
+def fit_to_data(model: nn.Module, cfg: Any, data: Splits, root_seed: int) -> None:
     """A model that starts from statistics of its training data (a `fit_to_data` method, as
-    the whitening layer of `whitened_cnn` has) gets its first `fit_images` training images,
-    through the evaluation transform (no augmentation) and normalised as batches are, on the
-    CPU: the same on every rank, device and loader."""
+    the whitening layer of `whitened_cnn` has) gets `fit_images` training images drawn at
+    random by the run's seed (the first ones of a split ordered by class would be one or two
+    classes), in stored order, through the evaluation transform (no augmentation) and
+    normalised as batches are, on the CPU: the same on every rank, device and loader."""
     fit = getattr(model, "fit_to_data", None)
     if fit is None:
         return
@@ -77,8 +78,10 @@ def fit_to_data(model: nn.Module, cfg: Any, data: Splits) -> None:
     if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1:
         raise ConfigError("model.fit_images", wanted, "an integer >= 1")
     count = min(len(data.train), wanted)
+    drawn = torch.randperm(len(data.train), generator=torch_generator(root_seed, "fit"))
+    chosen = drawn[:count].sort().values.tolist()
     _, eval_transform = pipelines(cfg, resized=data.resized, any_size=data.any_size)
-    images = torch.stack([eval_transform(data.train[index][0], None) for index in range(count)])
+    images = torch.stack([eval_transform(data.train[index][0], None) for index in chosen])
     normalised, _ = device_batches(cfg, torch.device("cpu"))(images, torch.zeros(count))
     fit(normalised)
 

@@ -58,5 +58,8 @@ def exit_with(error: UserError, code: int = 2) -> None:
     for handler in logging.getLogger().handlers if error.noted_in_log else ():
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    # One write, newline included (print writes the line and its end apart): the ranks of a
+    # torchrun job share stderr, and their lines must not run into each other.
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
     raise SystemExit(code)

@@ -79,7 +79,9 @@ def build_parts(
     context = LoaderContext(root_seed, rank, world, knobs.device, pin_memory)
     train_loader, sampler, val_loader = build.loaders(cfg, data, context)
     model = build.model(cfg, root_seed, num_classes=len(data.classes))
-    build.fit_to_data(model, cfg, data)  # before init_weights or a resume, which overwrite it
+    build.fit_to_data(
+        model, cfg, data, root_seed
+    )  # before init_weights or a resume: they overwrite it
     initialised = None
     if cfg.trainer.init_weights is not None and initialise:
         path = Path(cfg.trainer.init_weights).expanduser()

@@ -140,7 +140,8 @@ class InvariantStep:
         # The terms ride along with the gradients: one gather, one tree, for both.
         everything = self._gather(torch.cat([torch.stack(gradients), torch.stack(rows)], 1))
         total = tree_sum(everything) / len(everything)  # the mean over all micro-batches
-        self.norms.apply(self._gather(torch.stack(self.norms.pending)))
+        if self.norms.layers:  # a model without BatchNorm has no statistics to combine
+            self.norms.apply(self._gather(torch.stack(self.norms.pending)))
         self._set_gradients(total[: -len(names)])
         if self.settings.grad_clip is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
@@ -158,10 +159,15 @@ class InvariantStep:
         return torch.cat(parts)
 
     def _set_gradients(self, flat: torch.Tensor) -> None:
+        """Each parameter's slice of the flat mean gradient, laid out as the parameter is (a
+        channels_last weight gets a channels_last gradient: CUDA's fused optimizers refuse
+        a gradient whose strides differ from its parameter's)."""
         offset = 0
         for parameter in self.parameters:
             size = parameter.numel()
-            parameter.grad = flat[offset : offset + size].view_as(parameter).clone()
+            gradient = torch.empty_like(parameter)  # the parameter's strides
+            gradient.copy_(flat[offset : offset + size].view(parameter.shape))
+            parameter.grad = gradient
             offset += size
 
     def _devices(self) -> list[int]:

@@ -7,8 +7,9 @@ global max-pool -> linear, the logits scaled down (about 2M parameters). A group
 max-pool, BN, GELU, conv, BN, GELU. Each 3x3 conv starts as the identity on its first input
 channels (dirac), so that the untrained network passes its input through.
 
-The whitening filters come from the data: the template calls `fit_to_data` with the first
-`fit_images` training images (normalised, not augmented) after building the model. They are
+The whitening filters come from the data: the template calls `fit_to_data` with
+`fit_images` training images drawn by the run's seed (normalised, not augmented) after
+building the model. They are
 part of the state dict, so a resumed or evaluated checkpoint does not fit them again.
 """
 
