@@ -74,14 +74,12 @@ def run_stamp() -> str:
 
 
 def register_resolvers() -> None:
-    """The resolvers conf/config.yaml names: `run_id`, `run_stamp` and `record_subdir`."""
+    """The resolvers of the run folder's name that conf/config.yaml names: `run_id` and
+    `run_stamp` (repro.schema.register adds `record_subdir`)."""
     from omegaconf import OmegaConf
-
-    from repro.engine.history import record_subdir
 
     OmegaConf.register_new_resolver("run_id", run_id, replace=True, use_cache=True)
     OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True, use_cache=True)
-    OmegaConf.register_new_resolver("record_subdir", record_subdir, replace=True)
 
 
 def torchrun_argv(argv: list[str]) -> list[str]:

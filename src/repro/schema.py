@@ -176,9 +176,13 @@ def register() -> None:
     """What every entry point sets up before Hydra composes: the schemas, each under its own
     name in the `schema` group (`train` for conf/config.yaml, `bench` for conf/bench.yaml),
     and the resolvers the conf/ files name. Safe to call more than once."""
+    from omegaconf import OmegaConf
+
     from repro import launch  # imports nothing heavy
+    from repro.engine.history import record_subdir
 
     store = ConfigStore.instance()
     store.store(group="schema", name="train", node=Config, package="_global_")
     store.store(group="schema", name="bench", node=BenchConfig, package="_global_")
     launch.register_resolvers()
+    OmegaConf.register_new_resolver("record_subdir", record_subdir, replace=True)

@@ -12,6 +12,7 @@ if __name__ == "__main__":  # before torch is imported, so the re-exec costs nex
     pin_hash_seed("repro.train")
     record_command("repro.train")
 
+import copy
 import json
 import logging
 import sys
@@ -62,9 +63,13 @@ def _train(
     # A checkpoint to continue from decides the seed, and must fit the config and the data.
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.keep_checkpoints)
     state = resume.find(cfg.trainer.resume, checkpointer)
-    cfg.seed.value = root_seed = _root_seed(cfg, state, dist)
+    root_seed = _root_seed(cfg, state, dist)
+    # What the run records as its config: the one asked for, with the seed it actually used
+    # (drawn, with seed=random). The config asked for is never written to.
+    recorded = copy.deepcopy(cfg)
+    recorded.seed.value = root_seed
     if state:
-        resume.check_compatible(state, cfg, knobs.resolved())
+        resume.check_compatible(state, recorded, knobs.resolved())
     seeding.seed_globals(root_seed, rank=dist.rank)
 
     parts = assembly.build_parts(cfg, knobs, root_seed, initialise=state is None)
@@ -79,17 +84,17 @@ def _train(
     run_history = history.RunHistory(run_dir)
     start_step = state["position"]["step"] if state else 0
     if dist.is_main:
-        run_history.begin(cfg, start_step, resume.provenance(state, run_dir))
+        run_history.begin(recorded, start_step, resume.provenance(state, run_dir))
     trainer = None
     try:
         if dist.is_main:
-            resolved = OmegaConf.to_yaml(cfg, resolve=True)
+            resolved = OmegaConf.to_yaml(recorded, resolve=True)
             write_text_atomic(run_dir / "resolved_config.yaml", resolved)
-        outputs = assembly.outputs(cfg, run_dir, checkpointer, dist)
+        outputs = assembly.outputs(recorded, run_dir, checkpointer, dist)  # trackers log it
         # What the weights started from stays the first attempt's record (a resume loads none).
         started_from = state.get("init_weights") if state else parts.initialised
         saved = {
-            "config": OmegaConf.to_container(cfg, resolve=True),
+            "config": OmegaConf.to_container(recorded, resolve=True),
             "root_seed": root_seed,
             "init_weights": started_from,
             "classes": list(parts.data.classes),  # names for repro.predict's output
@@ -97,7 +102,7 @@ def _train(
         }
         trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
         _start(trainer, state, run_dir)
-        log.info("training %s", _describe(cfg, parts, knobs))
+        log.info("training %s", _describe(recorded, parts, knobs))
         trainer.fit()
         trainer.outputs.metrics.close()
 

@@ -12,40 +12,21 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from repro.data.sources import Source, TensorImages, in_memory
+from repro.data.sources import Source, TensorImages
 from repro.data.transforms import CenterCrop, ResizeShorter
 from repro.data.workers import start_worker
 from repro.errors import ConfigError
 from repro.progress import progress_bar
 
-if TYPE_CHECKING:
-    from repro.data.datasets import Splits
-
 GIB = 2**30
 CHUNK = 256  # images per piece of work
 PARALLEL_FROM = 2048  # fewer images decode faster than worker processes start
 MAX_WORKERS = 8
-
-
-def decode_splits(splits: Splits, data_cfg: Any, progress: str = "auto") -> Splits:
-    """Every split of `splits` not in memory (image files) decoded into it (a split used
-    twice, once); `progress` shows a bar as `logger.progress` says."""
-    decoded: dict[int, TensorImages] = {}
-    for name in ("train", "val", "test"):
-        source = getattr(splits, name)
-        if in_memory(source) is None and id(source) not in decoded:
-            decoded[id(source)] = decode(source, data_cfg, name, progress)
-    if not decoded:
-        return splits
-    sources = {name: getattr(splits, name) for name in ("train", "val", "test")}
-    chosen = {name: decoded.get(id(source), source) for name, source in sources.items()}
-    return replace(splits, **chosen, resized=True)
 
 
 def decode(

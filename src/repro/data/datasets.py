@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,8 @@ import torch
 from hydra.utils import get_method
 
 from repro.data import synthetic as shapes
-from repro.data.cache import decode_splits
-from repro.data.sources import IMAGE_SUFFIXES, ImageFiles, Source, TensorImages
+from repro.data.cache import decode
+from repro.data.sources import IMAGE_SUFFIXES, ImageFiles, Source, TensorImages, in_memory
 from repro.errors import ConfigError, DataError
 from repro.runtime.seeding import torch_generator
 
@@ -161,3 +161,18 @@ def _keep_fractions(splits: Splits, cfg: Any, split_seed: int) -> Splits:
     same = splits.test is splits.val
     test = val if same else _keep_fraction(splits.test, fraction, split_seed, "test")
     return Splits(train, val, test, splits.classes, splits.resized, splits.any_size)
+
+
+def decode_splits(splits: Splits, data_cfg: Any, progress: str = "auto") -> Splits:
+    """Every split of `splits` not in memory (image files) decoded into it (a split used
+    twice, once); `progress` shows a bar as `logger.progress` says."""
+    decoded: dict[int, TensorImages] = {}
+    for name in ("train", "val", "test"):
+        source = getattr(splits, name)
+        if in_memory(source) is None and id(source) not in decoded:
+            decoded[id(source)] = decode(source, data_cfg, name, progress)
+    if not decoded:
+        return splits
+    sources = {name: getattr(splits, name) for name in ("train", "val", "test")}
+    chosen = {name: decoded.get(id(source), source) for name, source in sources.items()}
+    return replace(splits, **chosen, resized=True)

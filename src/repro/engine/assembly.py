@@ -138,7 +138,7 @@ def trainer(
     if cfg.trainer.world_invariant:
         step: Any = _invariant_step(cfg, knobs, parts, objective)
     else:
-        mixer = _mixer(cfg, int(cfg.seed.value), knobs.dist.rank)  # the resolved root seed
+        mixer = _mixer(cfg, parts.context.root_seed, knobs.dist.rank)
         step = OptimizerStep(
             parts.model, parts.forward_model, parts.optimizer, parts.scheduler,
             knobs.precision, knobs.memory_format, settings, objective, mixer,
@@ -193,7 +193,7 @@ def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, objective: Any) -> Inv
         raise ConfigError("trainer.num_threads", None, allowed)
     return InvariantStep(
         parts.model, parts.optimizer, parts.scheduler, knobs.precision, knobs.memory_format,
-        LoopSettings.from_config(cfg), objective, micro, int(cfg.seed.value), knobs.dist,
+        LoopSettings.from_config(cfg), objective, micro, parts.context.root_seed, knobs.dist,
     )  # fmt: skip
 
 
