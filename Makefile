@@ -26,7 +26,7 @@ train: setup
 	$(RUN) python -m repro.train $(ARGS)
 
 bench: setup
-	$(RUN) python -m repro.bench $(ARGS)
+	$(RUN) python -m benchmarks $(ARGS)
 
 # Two pytest workers, one test file each at a time (a file's fixtures are shared by its tests).
 PYTEST := pytest -n 2 --dist loadfile
@@ -42,12 +42,12 @@ mutants: setup
 	$(RUN) python scripts/mutants.py $(ARGS)
 
 lint: setup
-	$(RUN) ruff check src tests scripts
-	$(RUN) ruff format --check src tests scripts
+	$(RUN) ruff check src tests scripts benchmarks
+	$(RUN) ruff format --check src tests scripts benchmarks
 
 format: setup
-	$(RUN) ruff format src tests scripts
-	$(RUN) ruff check --fix src tests scripts
+	$(RUN) ruff format src tests scripts benchmarks
+	$(RUN) ruff check --fix src tests scripts benchmarks
 
 sweep: setup
 	$(RUN) python -m repro.train -m seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2 $(ARGS)

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from repro.benchmarks.operators import DeviceOps
+from benchmarks.operators import DeviceOps
 from repro.data.batching import BatchMaker
 from repro.data.samplers import EpochBatches
 from repro.data.sources import TensorImages

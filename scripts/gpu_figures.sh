@@ -65,7 +65,7 @@ airbench() { recipe cifar10_airbench airbench 2; }
 throughput() {
     # ResNet-18 for CIFAR: the plain row (contiguous, fp32, worker loading) against the fast
     # path, in one suite=knobs call.
-    "$python" -m repro.bench suite=knobs experiment=cifar10_resnet18 "${cifar[@]}" \
+    "$python" -m benchmarks suite=knobs experiment=cifar10_resnet18 "${cifar[@]}" \
         data.crop_padding=4 preset=fast \
         suite.timed_steps=100 suite.warmup_steps=10 \
         'suite.rows=[{loader:2},{memory_format:channels_last,amp:bf16,loader:device,cudnn_benchmark:true,compile:true}]' \
@@ -77,13 +77,13 @@ overhead() {
     # The template's loop against the bare loop, default config and preset=fast, both loaders.
     for args in "" "preset=fast" "dataloader=device"; do
         name=${args:-default}
-        "$python" -m repro.bench suite=overhead $args "hydra.run.dir=$out/overhead/${name//[=\/]/-}"
+        "$python" -m benchmarks suite=overhead $args "hydra.run.dir=$out/overhead/${name//[=\/]/-}"
     done
     tail -n +1 "$out"/overhead/*/bench.md > "$out/overhead.md"
 }
 
 data() {
-    "$python" -m repro.bench suite=data "hydra.run.dir=$out/data"
+    "$python" -m benchmarks suite=data "hydra.run.dir=$out/data"
     cp "$out/data/bench.md" "$out/data.md"
 }
 

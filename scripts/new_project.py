@@ -25,7 +25,7 @@ SHADOWED = {
     "torch", "torchvision", "hydra", "omegaconf", "numpy", "PIL", "pillow", "rich",
     "matplotlib", "tensorboard", "yaml", "pytest", "ruff", "uv", "pip", "setuptools",
     "hatchling", "joblib", "submitit", "optuna", "test", "tests", "src", "conf", "scripts",
-    "docs", "outputs", "data",
+    "docs", "outputs", "data", "benchmarks",
 }  # fmt: skip
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl"}
 WORD = re.compile(rf"\b{OLD}\b", re.IGNORECASE)  # not "reproducible": \b needs a word end

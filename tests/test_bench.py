@@ -1,4 +1,4 @@
-"""`python -m repro.bench`: every suite runs on a tiny config and writes bench.json and bench.md.
+"""`python -m benchmarks`: every suite runs on a tiny config and writes bench.json and bench.md.
 
 No test asserts a timing: the numbers only have to be there and finite.
 """
@@ -24,7 +24,7 @@ KEYS = {"suite", "command", "date", "machine", "summary", "rows", "notes", "conf
 @pytest.fixture
 def bench():
     """The bench entry point (imported here: the suites import more than other tests need)."""
-    from repro.bench import bench
+    from benchmarks.__main__ import bench
 
     return bench
 
@@ -38,7 +38,7 @@ def written(run_dir):
     payload = json.loads((run_dir / "bench.json").read_text())
     assert set(payload) >= KEYS
     table = (run_dir / "bench.md").read_text()
-    assert table.startswith(f"# repro.bench suite={payload['suite']}") and "|---|" in table
+    assert table.startswith(f"# benchmarks suite={payload['suite']}") and "|---|" in table
     return payload
 
 
@@ -96,7 +96,7 @@ def test_overhead_suite_compares_the_loop_with_a_bare_one(bench, tmp_path):
 
 @pytest.mark.e2e
 def test_startup_suite_from_the_command_line(tmp_path):
-    done = run_cli("repro.bench", "suite=startup", "suite.repeats=1", *tiny(),
+    done = run_cli("benchmarks", "suite=startup", "suite.repeats=1", *tiny(),
                    f"hydra.run.dir={tmp_path}")  # fmt: skip
     assert done.returncode == 0, done.stderr
     payload = written(tmp_path)
@@ -131,7 +131,7 @@ def test_bad_suite_settings_are_named_before_anything_runs(bench, tmp_path, over
 
 @pytest.mark.e2e
 def test_a_bad_setting_on_the_command_line_exits_2_without_a_traceback(tmp_path):
-    done = run_cli("repro.bench", "suite=overhead", "suite.pairs=-1", f"hydra.run.dir={tmp_path}")
+    done = run_cli("benchmarks", "suite=overhead", "suite.pairs=-1", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "error: suite.pairs=-1 is not allowed: an integer >= 1" in done.stderr
 
@@ -160,8 +160,8 @@ EXACTNESS = ("suite=exactness", "suite.steps=5", "suite.checkpoint_every_steps=2
 def test_the_fp16_runs_drop_the_exact_preset_and_keep_its_other_settings(tmp_path):
     """On CUDA the suite's runs are under preset=exact, which refuses amp=fp16: the fp16
     check must leave the preset out (a GPU run found `preset=null` does not compose)."""
-    from repro.benchmarks.exactness import FP16_EXACT
-    from repro.benchmarks.runs import Runner, merged
+    from benchmarks.exactness import FP16_EXACT
+    from benchmarks.runs import Runner, merged
 
     runner = Runner(tmp_path, ["preset=exact", "seed.value=3", "trainer.max_steps=5"], 60)
     overrides = merged(runner.without(("preset",)).overrides, list(FP16_EXACT))
@@ -174,7 +174,7 @@ def test_the_fp16_runs_drop_the_exact_preset_and_keep_its_other_settings(tmp_pat
 
 @pytest.mark.e2e
 def test_exactness_suite_passes_on_this_machine(tmp_path):
-    done = run_cli("repro.bench", *EXACTNESS, "suite.kill_seed=0", *tiny(),
+    done = run_cli("benchmarks", *EXACTNESS, "suite.kill_seed=0", *tiny(),
                    f"hydra.run.dir={tmp_path}")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = written(tmp_path)["summary"]
@@ -213,7 +213,7 @@ class Noisy(SmallCNN):
 def test_a_failing_check_is_reported_and_the_command_exits_1(tmp_path):
     (tmp_path / "noisy_model.py").write_text(NOISY_MODEL)
     done = run_cli(
-        "repro.bench", *EXACTNESS, "suite.checks=[rerun]", *tiny(),
+        "benchmarks", *EXACTNESS, "suite.checks=[rerun]", *tiny(),
         "model._target_=noisy_model.Noisy", f"hydra.run.dir={tmp_path / 'bench'}",
         env={"PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
@@ -257,7 +257,7 @@ def test_data_suite_times_each_loader_against_a_bare_reference(bench, tmp_path):
 
 
 def test_the_bare_reference_makes_real_crops_and_flips():
-    from repro.benchmarks.data import BareBatches
+    from benchmarks.data import BareBatches
 
     images = torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8)
     bare = BareBatches(images, torch.arange(6), size=8, pad=2)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from benchmarks.operators import DeviceOps
 from repro import build
-from repro.benchmarks.operators import DeviceOps
 from repro.data.batching import BatchMaker
 from repro.data.device_loader import DeviceTrainLoader
 from repro.data.loader import Batches, EvalView, LoaderContext, TrainView

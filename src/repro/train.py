@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from repro import config, launch, schema
+from repro import build, config, launch, schema
 from repro.data import fingerprint
 from repro.engine import assembly, final_test, history, resume, run_lock
 from repro.engine.checkpoint import Checkpointer
@@ -72,7 +72,8 @@ def _train(
         resume.check_compatible(state, recorded, knobs.resolved())
     seeding.seed_globals(root_seed, rank=dist.rank)
 
-    parts = assembly.build_parts(cfg, knobs, root_seed, initialise=state is None)
+    data = build.splits(cfg, root_seed)
+    parts = assembly.build_parts(cfg, knobs, root_seed, data, initialise=state is None)
     if state:
         resume.check_same_data(state, parts.data, cfg.data.root)
     data_fingerprint = fingerprint.fingerprint(parts.data, cfg.data.root) if dist.is_main else None

@@ -68,12 +68,11 @@ def apply_knobs(cfg: Any, dist: distributed.Context) -> Knobs:
 
 
 def build_parts(
-    cfg: Any, knobs: Knobs, root_seed: int, data: Splits | None = None, initialise: bool = True
+    cfg: Any, knobs: Knobs, root_seed: int, data: Splits, initialise: bool = True
 ) -> Parts:
-    """Data (unless a caller that reuses it passes it in), loaders, model (checked against
-    the data; started from `trainer.init_weights` unless `initialise` is off, as for a
-    resume, whose checkpoint holds the weights), optimizer and schedule."""
-    data = data or build.splits(cfg, root_seed)
+    """Loaders over `data`, model (checked against the data; started from
+    `trainer.init_weights` unless `initialise` is off, as for a resume, whose checkpoint holds
+    the weights), optimizer and schedule."""
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, knobs.device)
     rank, world = knobs.dist.rank, knobs.dist.world
     context = LoaderContext(root_seed, rank, world, knobs.device, pin_memory)
@@ -130,7 +129,6 @@ def trainer(
     parts: Parts,
     outputs: Outputs,
     extra_state: dict[str, Any],
-    loop: type[Trainer] = Trainer,  # a benchmark's variant of the loop
 ) -> Trainer:
     """The loop over `parts`. Every checkpoint holds `extra_state` (the config and the seed)
     and the values a resume must find unchanged (`Knobs.resolved`)."""
@@ -149,7 +147,7 @@ def trainer(
     )  # fmt: skip
     run_dir = outputs.checkpointer.folder.parent
     builtin = watchers(cfg.trainer, cfg.logger, run_dir, knobs.device, knobs.dist)
-    return loop(
+    return Trainer(
         model=parts.model,
         optimizer=parts.optimizer,
         scheduler=parts.scheduler,

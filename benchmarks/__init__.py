@@ -1,4 +1,4 @@
-"""The suites behind `python -m repro.bench suite=<name>`: one module per suite.
+"""The suites behind `python -m benchmarks suite=<name>`: one module per suite.
 
 Each suite module has `run(cfg, run_dir) -> common.Result`; `common` holds what they share
 (building the training objects from a config, timing, peak memory, tables, output files).
@@ -35,7 +35,7 @@ GRID = {
 def load(name: str) -> ModuleType:
     if name not in SUITES:
         raise ConfigError("suite", name, f"choose one of {', '.join(SUITES)}")
-    return importlib.import_module(f"repro.benchmarks.{name}")
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def validate(suite: Any) -> None:
@@ -69,7 +69,7 @@ def _validate_exactness(suite: Any) -> None:
     if suite.checkpoint_every_steps >= suite.steps - 1:
         allowed = f"less than suite.steps - 1 ({suite.steps - 1}): the kill comes after it"
         raise ConfigError("suite.checkpoint_every_steps", suite.checkpoint_every_steps, allowed)
-    from repro.benchmarks.exactness import CHECKS
+    from benchmarks.exactness import CHECKS
 
     names = suite.get("checks")
     if not names or isinstance(names, str) or any(name not in CHECKS for name in names):

@@ -1,4 +1,4 @@
-"""Measure this machine: `python -m repro.bench [suite=knobs|overhead|startup|exactness] ...`.
+"""Measure this machine: `python -m benchmarks [suite=knobs|overhead|startup|exactness] ...`.
 
 The training config composes as for `repro.train` (preset=fast, amp=bf16, dataloader=device
 ... all work); `suite.*` holds the suite's settings (conf/suite/). Prints a table and writes
@@ -10,7 +10,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
     from repro.launch import pin_hash_seed
 
-    pin_hash_seed("repro.bench")
+    pin_hash_seed("benchmarks")
 
 import sys
 from pathlib import Path
@@ -19,8 +19,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from repro import benchmarks, config, launch, schema
-from repro.benchmarks import common
+import benchmarks
+from benchmarks import common
+from repro import config, launch, schema
 from repro.errors import UserError, exit_with
 from repro.runtime import determinism, seeding
 from repro.runtime.devices import select_device
@@ -43,7 +44,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> dict:
     return payload
 
 
-@hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
+@hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         payload = bench(cfg, Path(HydraConfig.get().runtime.output_dir))

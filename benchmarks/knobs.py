@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from benchmarks import common
+from benchmarks.common import Column, Result
 from repro import build
-from repro.benchmarks import common
-from repro.benchmarks.common import Column, Result
 from repro.errors import UserError
 from repro.runtime.devices import select_device
 

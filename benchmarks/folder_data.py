@@ -28,9 +28,9 @@ from torch.utils.data import DataLoader
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from benchmarks import common
+from benchmarks.common import Column, Result
 from repro import build
-from repro.benchmarks import common
-from repro.benchmarks.common import Column, Result
 from repro.data.loader import Batches, LoaderContext
 from repro.runtime.devices import select_device
 

@@ -15,7 +15,7 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,11 @@ def trainer(
     outputs = assembly.Outputs(
         checkpointer, MetricsLog(folder, False), FingerprintLog.of_run(folder)
     )
-    return assembly.trainer(cfg, knobs, parts, outputs, {}, loop)
+    built = assembly.trainer(cfg, knobs, parts, outputs, {})
+    if loop is Trainer:
+        return built
+    # A variant of the loop (a subclass) over the same objects: the core knows nothing of it.
+    return loop(**{slot.name: getattr(built, slot.name) for slot in fields(Trainer)})
 
 
 def endless(loader: Any, sampler: EpochBatches, epoch: int = 0) -> Batches:
@@ -187,7 +191,7 @@ def train_overrides() -> list[str]:
 
 def command() -> str:
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    return " ".join(["python -m repro.bench", *overrides])
+    return " ".join(["python -m benchmarks", *overrides])
 
 
 def _cell(value: Any, column: Column) -> str:
@@ -217,7 +221,7 @@ def write(result: Result, run_dir: Path, cfg: DictConfig, device: torch.device) 
     write_json_atomic(run_dir / "bench.json", payload)
     header = [column.header for column in result.columns]
     lines = [
-        f"# repro.bench suite={result.suite}",
+        f"# benchmarks suite={result.suite}",
         "",
         f"- command: `{payload['command']}`",
         f"- date: {payload['date']}",
@@ -236,7 +240,7 @@ def write(result: Result, run_dir: Path, cfg: DictConfig, device: torch.device) 
 
 def show(result: Result, run_dir: Path) -> None:
     """The table on the console, then the summary."""
-    table = Table(title=f"repro.bench suite={result.suite}")
+    table = Table(title=f"benchmarks suite={result.suite}")
     for column in result.columns:
         justify = "left" if column.format == "{}" else "right"
         table.add_column(column.header, justify=justify, no_wrap=True)

@@ -31,9 +31,9 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks import common, folder_data
+from benchmarks.common import Column, Result
 from repro import build
-from repro.benchmarks import common, folder_data
-from repro.benchmarks.common import Column, Result
 from repro.data.loader import Batches, LoaderContext
 from repro.data.samplers import EpochBatches
 from repro.data.sources import in_memory

@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from repro.benchmarks.common import Column, Result, train_overrides
+from benchmarks.common import Column, Result, train_overrides
 from repro.engine.fingerprint_log import FingerprintLog
 from repro.errors import UserError
 

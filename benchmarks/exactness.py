@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from repro.benchmarks.common import Column, Result, train_overrides
-from repro.benchmarks.runs import Run, Runner, sets
+from benchmarks.common import Column, Result, train_overrides
+from benchmarks.runs import Run, Runner, sets
 from repro.errors import UserError
 from repro.runtime.devices import select_device
 

@@ -26,9 +26,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from benchmarks import common
+from benchmarks.common import Column, Result
 from repro import build
-from repro.benchmarks import common
-from repro.benchmarks.common import Column, Result
 from repro.data.loader import Batches
 from repro.engine.loop import Trainer
 from repro.engine.metrics import Throughput
