@@ -29,13 +29,13 @@ from repro.data.datasets import Splits
 from repro.data.loader import Batches
 from repro.data.samplers import EpochBatches
 from repro.engine import assembly
-from repro.engine.checkpoint import Checkpointer
-from repro.engine.fingerprint_log import FingerprintLog
-from repro.engine.loggers import MetricsLog
 from repro.engine.loop import Trainer
 from repro.files import write_json_atomic
+from repro.runs.checkpoint import Checkpointer
+from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime import distributed
 from repro.runtime.seeding import seed_globals
+from repro.watch.loggers import MetricsLog
 
 ENDLESS_EPOCHS = 10**9  # more than any benchmark reads
 

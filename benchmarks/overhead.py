@@ -31,8 +31,8 @@ from benchmarks.common import Column, Result
 from repro import build
 from repro.data.loader import Batches
 from repro.engine.loop import Trainer
-from repro.engine.metrics import Throughput
 from repro.engine.position import Position, RunState
+from repro.watch.metrics import Throughput
 
 ACCEPT = 0.97
 

@@ -15,9 +15,9 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from repro import evaluate
-from repro.engine import checkpoint, resume
-from repro.engine.checkpoint import Checkpointer, DamagedCheckpointError
 from repro.errors import CheckpointError
+from repro.runs import checkpoint, resume
+from repro.runs.checkpoint import Checkpointer, DamagedCheckpointError
 
 from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
 
@@ -322,7 +322,7 @@ def test_a_run_that_ends_inside_an_epoch_ends_with_its_checkpoint(tmp_path):
 
 
 def test_the_weights_hash_reads_every_tensor_the_same_through_one_flat_copy():
-    from repro.engine.metrics import host_bytes
+    from repro.watch.metrics import host_bytes
 
     tensors = [torch.randn(3, 4), torch.tensor(7), torch.ones(2, 2, dtype=torch.bfloat16).t(),
                torch.tensor([True, False])]  # fmt: skip

@@ -12,8 +12,8 @@ import torch
 
 from repro import build
 from repro.data.loader import LoaderContext
-from repro.engine import checkpoint
 from repro.errors import CheckpointError, ConfigError
+from repro.runs import checkpoint
 from repro.runtime import compilation, determinism, distributed, seeding
 from repro.runtime.precision import Precision
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from repro.data.samplers import EpochBatches
-from repro.engine import run_lock, signals
+from repro.runs import run_lock, signals
 
 from conftest import read_summary, run_cli, tiny, torchrun
 

@@ -8,11 +8,11 @@ from hydra.errors import HydraException
 from torch import nn
 
 from repro import build, config
-from repro.engine.checkpoint import load
-from repro.engine.fingerprint_log import FingerprintLog
 from repro.engine.losses import NonFiniteLossError, PendingLosses
 from repro.engine.position import Position
 from repro.errors import UserError, one_line
+from repro.runs.checkpoint import load
+from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime.distributed import Context
 from repro.runtime.precision import Precision
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from repro import build
-from repro.engine.init_weights import load_matching, load_on_every_rank
 from repro.errors import CheckpointError
 from repro.models.small_cnn import SmallCNN
+from repro.runs.init_weights import load_matching, load_on_every_rank
 from repro.runtime import distributed
 
 from conftest import compose_config, tiny, train_in_process

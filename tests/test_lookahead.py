@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from repro.engine.checkpoint import load
 from repro.engine.lookahead import Lookahead
 from repro.errors import ConfigError
+from repro.runs.checkpoint import load
 
 from conftest import tiny, train_in_process
 

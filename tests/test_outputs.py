@@ -8,8 +8,8 @@ import json
 import pytest
 
 from repro import build
-from repro.engine.fingerprint_log import FingerprintLog
 from repro.files import atomic_path, write_text_atomic
+from repro.runs.fingerprint_log import FingerprintLog
 
 from conftest import compose_config, read_summary, run_cli, tiny
 

@@ -11,7 +11,7 @@ import pytest
 from repro import evaluate
 from repro.errors import ConfigError, DataError
 from repro.predict import predict_files
-from repro.restore import output_file, write_result
+from repro.runs.restore import output_file, write_result
 
 from conftest import IMAGEFOLDER, SHAPES, make_image_tree, run_cli, train_in_process
 

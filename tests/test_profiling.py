@@ -11,8 +11,8 @@ import torch
 
 from repro import config
 from repro.engine.position import Position
-from repro.engine.profiling import StepProfiler
 from repro.errors import ConfigError
+from repro.watch.profiling import StepProfiler
 
 from conftest import compose_config, tiny, train_in_process
 

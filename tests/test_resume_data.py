@@ -77,7 +77,7 @@ def test_an_inferred_class_count_is_recorded_but_stays_out_of_the_config(tree, t
 
 def test_a_checkpoint_that_stored_the_inferred_count_still_resumes(tree, tmp_path):
     """Checkpoints written before the fix hold data.num_classes=3 in their config."""
-    from repro.engine import checkpoint
+    from repro.runs import checkpoint
 
     overrides = [*FOLDER, f"data.root={tree}"]
     straight = train_in_process(tmp_path / "straight", *overrides)

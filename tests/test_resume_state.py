@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.engine import checkpoint
+from repro.runs import checkpoint
 from repro.runtime import precision
 
 from conftest import tiny, train_in_process

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.engine import run_lock
+from repro.runs import run_lock
 
 from conftest import ROOT, read_summary, run_cli, tiny
 

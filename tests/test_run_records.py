@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.engine.history import DIED
+from repro.runs.history import DIED
 
 from conftest import read_summary, run_cli, tiny
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from repro import build, callbacks, trust
-from repro.engine import resume
+from repro import build, callbacks
 from repro.engine.evaluation import Predictions
 from repro.errors import CheckpointError, ConfigError
 from repro.objectives import Checked, CrossEntropy, Targets, batch_means
+from repro.runs import resume, trust
 
 from conftest import compose_config, tiny
 

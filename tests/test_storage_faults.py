@@ -14,10 +14,10 @@ import sys
 import pytest
 import torch
 
-from repro.engine import checkpoint
-from repro.engine.fingerprint_log import FingerprintLog
 from repro.errors import StorageError
 from repro.files import complete_lines, write_text_atomic
+from repro.runs import checkpoint
+from repro.runs.fingerprint_log import FingerprintLog
 
 from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
 

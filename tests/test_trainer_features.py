@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from repro import evaluate
-from repro.engine.ema import WeightAverage
+from repro.components.ema import WeightAverage
 from repro.engine.evaluation import evaluate as evaluate_batches
 from repro.engine.evaluation import predict
 from repro.engine.loop import Trainer

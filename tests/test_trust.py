@@ -10,12 +10,11 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from repro import trust
-from repro.engine import checkpoint
 from repro.errors import CheckpointError
 from repro.evaluate import evaluate_checkpoint
 from repro.predict import predict_files
-from repro.trust import UntrustedConfigError
+from repro.runs import checkpoint, trust
+from repro.runs.trust import UntrustedConfigError
 from repro.verify import verify
 
 from conftest import CONF, ROOT, compose_config, make_image_tree, run_cli, tiny, train_in_process

@@ -8,9 +8,9 @@ import torch
 from repro import build
 from repro.data.datasets import Splits
 from repro.data.sources import TensorImages
-from repro.engine.checkpoint import load
 from repro.errors import ConfigError
 from repro.models.whitened_cnn import PatchWhitening, WhitenedCNN
+from repro.runs.checkpoint import load
 from repro.runtime.seeding import torch_generator
 
 from conftest import compose_config, tiny, train_in_process

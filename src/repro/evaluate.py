@@ -5,7 +5,7 @@ may point at the data's new place on this machine, `tta=none|flip|flip_translate
 the run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
 matrix. Prints loss and accuracy; with `out=FILE`, also writes them as JSON (an existing file
 is refused before any work unless `overwrite=true`). A stored config naming a target this
-checkout does not trust is refused unless `trust=true` (see repro.trust).
+checkout does not trust is refused unless `trust=true` (see repro.runs.trust).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from repro import build
 from repro.data.cache import decode
 from repro.data.loader import Batches
 from repro.data.sources import in_memory
-from repro.engine import resume
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
 from repro.files import json_text
-from repro.restore import arguments, classes_of, output_file, restore, write_result
+from repro.runs import resume
+from repro.runs.restore import arguments, classes_of, output_file, restore, write_result
 
 SPLITS = ("train", "val", "test")
 ARGUMENTS = {

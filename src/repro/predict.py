@@ -8,7 +8,7 @@ Each image goes through the run's evaluation transform (resized to the run's siz
 comes in another) and the model, as `repro.evaluate` runs it. `out` gets one CSV row per
 image, in sorted path order: its path, then the `top_k` classes and their probabilities. An
 existing `out` is refused before any work unless `overwrite=true`. A stored config naming a
-target this checkout does not trust is refused unless `trust=true` (see repro.trust).
+target this checkout does not trust is refused unless `trust=true` (see repro.runs.trust).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from repro.data.loader import Batches
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
-from repro.restore import arguments, output_file, restore, write_result
+from repro.runs.restore import arguments, output_file, restore, write_result
 
 ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta", "overwrite", "trust"}
 

@@ -179,7 +179,7 @@ def register() -> None:
     from omegaconf import OmegaConf
 
     from repro import launch  # imports nothing heavy
-    from repro.engine.history import record_subdir
+    from repro.runs.history import record_subdir
 
     store = ConfigStore.instance()
     store.store(group="schema", name="train", node=Config, package="_global_")

@@ -28,16 +28,17 @@ from torch import nn
 
 from repro import build, config, launch, schema
 from repro.data import fingerprint
-from repro.engine import assembly, final_test, history, resume, run_lock
-from repro.engine.checkpoint import Checkpointer
-from repro.engine.loggers import MetricsLog, plot_curves
+from repro.engine import assembly
 from repro.engine.loop import Trainer
-from repro.engine.metrics import weights_sha256
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_json_atomic, write_text_atomic
+from repro.runs import final_test, history, resume, run_lock
+from repro.runs.checkpoint import Checkpointer
 from repro.runtime import determinism, distributed, environment, seeding
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.callback import SweepReport
+from repro.watch.loggers import MetricsLog, plot_curves
+from repro.watch.metrics import weights_sha256
 
 log = logging.getLogger("repro.train")
 

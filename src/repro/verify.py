@@ -8,7 +8,7 @@ per-step fingerprints (loss to full precision, weights hash every K steps) are c
 Prints every difference between the recorded and the current environment, those known to
 change floating-point results first, then "identical" or the first divergent step. Exit code
 0 only when identical. A recorded config naming a target this checkout does not trust is
-refused before anything is built or imported, unless `trust=true` (see repro.trust).
+refused before anything is built or imported, unless `trust=true` (see repro.runs.trust).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from omegaconf import OmegaConf
 
 from repro import build, config, schema
 from repro.data import fingerprint
-from repro.engine import resume
-from repro.engine.fingerprint_log import FingerprintLog, Row
 from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.runs import resume
+from repro.runs.fingerprint_log import FingerprintLog, Row
+from repro.runs.trust import check as trust_check
+from repro.runs.trust import watched_only
 from repro.runtime import determinism, environment
 from repro.runtime.devices import select_device
 from repro.train import train
-from repro.trust import check as trust_check
-from repro.trust import watched_only
 
 USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true]"
 
@@ -115,7 +115,7 @@ def verify(
     """Re-run `run_dir`'s config (its first `steps` steps, with its thread count unless
     `threads` is given) and compare with what it recorded. Data that differs from the
     recorded run's is reported without training. `trust`: build targets this checkout does
-    not know of (see repro.trust)."""
+    not know of (see repro.runs.trust)."""
     resolved = run_dir / "resolved_config.yaml"
     fingerprints = FingerprintLog.of_run(run_dir).path
     if not resolved.is_file() or not fingerprints.is_file():

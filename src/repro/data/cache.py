@@ -21,7 +21,7 @@ from repro.data.sources import Source, TensorImages
 from repro.data.transforms import CenterCrop, ResizeShorter
 from repro.data.workers import start_worker
 from repro.errors import ConfigError
-from repro.progress import progress_bar
+from repro.watch.progress import progress_bar
 
 GIB = 2**30
 CHUNK = 256  # images per piece of work

@@ -17,26 +17,28 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from repro import build, callbacks
+from repro.components.ema import WeightAverage
 from repro.data.datasets import Splits
 from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
-from repro.engine import init_weights, preflight, trackers
-from repro.engine.checkpoint import Checkpointer
-from repro.engine.ema import WeightAverage
-from repro.engine.fingerprint_log import FingerprintLog
+from repro.engine import preflight
 from repro.engine.invariant import InvariantStep
-from repro.engine.loggers import MetricsLog
 from repro.engine.lookahead import Lookahead
 from repro.engine.loop import Trainer
 from repro.engine.mixing import BatchMixer
-from repro.engine.profiling import watchers
 from repro.engine.settings import Knobs, LoopData, LoopSettings, Outputs
 from repro.engine.step import OptimizerStep
 from repro.errors import ConfigError
+from repro.runs import init_weights
+from repro.runs.checkpoint import Checkpointer
+from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime import compilation, determinism, distributed, threads
 from repro.runtime.devices import reuse_host_memory, select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
+from repro.watch import trackers
+from repro.watch.loggers import MetricsLog
+from repro.watch.profiling import watchers
 
 
 @dataclass

@@ -15,18 +15,18 @@ from torch.profiler import record_function
 
 from repro.callbacks import Callbacks
 from repro.data.loader import Batches
-from repro.engine import faults
 from repro.engine.cadence import Cadence
-from repro.engine.checkpoint import capture_rng, restore_rng
 from repro.engine.evaluation import evaluate, evaluation_columns
 from repro.engine.losses import PendingLosses
-from repro.engine.metrics import Throughput
 from repro.engine.position import Best, Position, RunState
 from repro.engine.settings import Knobs, LoopData, LoopSettings, Outputs
-from repro.engine.signals import StopRequest
 from repro.errors import CheckpointError, ConfigError
 from repro.objectives import TOTAL, Objective, column
+from repro.runs import faults
+from repro.runs.checkpoint import capture_rng, restore_rng
+from repro.runs.signals import StopRequest
 from repro.runtime import distributed
+from repro.watch.metrics import Throughput
 
 
 @dataclass

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from repro.engine.fingerprint_log import FingerprintLog
-from repro.engine.metrics import weights_sha256
 from repro.engine.position import Position
 from repro.errors import UserError
 from repro.objectives import TOTAL
+from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime import distributed
+from repro.watch.metrics import weights_sha256
 
 
 class NonFiniteLossError(UserError):

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from repro.data.samplers import EpochBatches
-    from repro.engine.checkpoint import Checkpointer
-    from repro.engine.fingerprint_log import FingerprintLog
-    from repro.engine.loggers import MetricsLog
+    from repro.runs.checkpoint import Checkpointer
+    from repro.runs.fingerprint_log import FingerprintLog
+    from repro.watch.loggers import MetricsLog
 
 
 @dataclass(frozen=True)

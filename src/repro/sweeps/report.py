@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from repro.engine.loggers import save_figure_atomic
 from repro.files import write_text_atomic
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.stats import difference_of_means, summarize
+from repro.watch.loggers import save_figure_atomic
 
 # The metrics shown first, in this order; test_acc and test_loss only where the jobs tested
 # after training (trainer.test_after_fit). Any other number a job's summary holds under one of

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from repro.engine import checkpoint
 from repro.errors import CheckpointError
+from repro.runs import checkpoint
 from repro.runtime import distributed
 
 log = logging.getLogger(__name__)

@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from repro.engine import faults, integrity
 from repro.errors import CheckpointError
 from repro.files import atomic_path
+from repro.runs import faults, integrity
 
 log = logging.getLogger(__name__)
 
 FORMAT = "repro-checkpoint"
 # 2: the RNG state holds the training device's generator only (1 held every visible GPU's).
 # 3: augmentation draws are counter-based (seeding.SampleKeys); 2 resumed with other draws.
-# 4: a digest of the content (engine/integrity.py), checked on every load; 3 has none.
+# 4: a digest of the content (runs/integrity.py), checked on every load; 3 has none.
 VERSION = 4
 READABLE = (3, 4)
 ZIP_MAGIC = b"PK\x03\x04"

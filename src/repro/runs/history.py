@@ -22,10 +22,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from repro.engine import run_lock
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
 from repro.launch import COMMAND_VARIABLE
+from repro.runs import run_lock
 from repro.runtime import environment
 
 ATTEMPTS_FILE = "attempts.jsonl"

@@ -17,16 +17,16 @@ from repro import build, config
 from repro.data.datasets import Source
 from repro.data.loader import LoaderContext, eval_loader
 from repro.data.transforms import Compose
-from repro.engine import resume
-from repro.engine.checkpoint import load
 from repro.errors import ConfigError, StorageError, exit_with
 from repro.files import write_text_atomic, writing
 from repro.objectives import Objective
+from repro.runs import resume
+from repro.runs.checkpoint import load
+from repro.runs.trust import check as trust_check
+from repro.runs.trust import watched_only
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
-from repro.trust import check as trust_check
-from repro.trust import watched_only
 
 
 @dataclass
@@ -62,7 +62,7 @@ def restore(
 ) -> Restored:
     """The checkpoint's model rebuilt from its stored config and seed. `data_root` re-points
     the data; `tta` overrides the run's `trainer.tta`. The stored config must name only
-    targets this checkout trusts, unless `trust` (see repro.trust)."""
+    targets this checkout trusts, unless `trust` (see repro.runs.trust)."""
     allowed = config.CHOICES["trainer.tta"]
     if tta is not None and tta not in allowed:
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")

@@ -11,9 +11,9 @@ from torch import nn
 
 from repro import build
 from repro.data.loader import Batches
-from repro.engine.checkpoint import BEST_FILE, best_step_of, load
 from repro.engine.evaluation import evaluate
 from repro.engine.loop import Trainer
+from repro.runs.checkpoint import BEST_FILE, best_step_of, load
 from repro.runtime import distributed
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ class MetricsLog:
     def __init__(self, run_dir: Path, tensorboard: bool, trackers: Sequence[Any] = ()) -> None:
         self.path = run_dir / "metrics.csv"
         self.columns: list[str] | None = None  # known at the first row
-        self.trackers = list(trackers)  # engine/trackers.py
+        self.trackers = list(trackers)  # watch/trackers.py
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -27,7 +27,7 @@ from typing import Any
 from repro.errors import UserError
 
 PACKAGE = __name__.split(".")[0]
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"  # src/repro/runs/ -> the checkout
 _TARGET_LINE = re.compile(r"^\s*(?:-\s*)?_target_:\s*([\w.]+)", re.MULTILINE)
 HOW_TO_TRUST = (
     "if you trust whoever made this file, add trust=true; or name the target in a YAML file "

@@ -27,8 +27,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from repro.engine.position import Position
 from repro.files import atomic_path, write_text_atomic
-from repro.progress import TrainingBar
 from repro.runtime import distributed
+from repro.watch.progress import TrainingBar
 
 log = logging.getLogger(__name__)
 

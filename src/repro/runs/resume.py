@@ -11,10 +11,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro import config
 from repro.data.datasets import Splits
-from repro.engine import checkpoint
-from repro.engine.checkpoint import Checkpointer
-from repro.engine.fingerprint_log import FingerprintLog
 from repro.errors import CheckpointError
+from repro.runs import checkpoint
+from repro.runs.checkpoint import Checkpointer
+from repro.runs.fingerprint_log import FingerprintLog
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def _listed(classes: Any) -> str:
 
 def truncate_logs(run_dir: Path, step: int) -> None:
     """Drop log rows written after the checkpoint, so the logs read as one straight run."""
-    from repro.engine.loggers import MetricsLog
+    from repro.watch.loggers import MetricsLog
 
     MetricsLog(run_dir, tensorboard=False).truncate_after(step)
     FingerprintLog.of_run(run_dir).truncate_after(step)
