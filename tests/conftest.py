@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 import repro.train  # registers the schema and resolvers
-from repro.launch import expand_seed_shorthand
 from repro.runtime import determinism
+from repro.runtime.launch import expand_seed_shorthand
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

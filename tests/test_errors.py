@@ -39,9 +39,9 @@ REFUSED = {
         ["objective.label_smoothing=1.5", "in [0, 1)"],
     ),
     "an average that never moves": (["trainer.ema_decay=1.0"], ["trainer.ema_decay=1.0", "(0, 1)"]),
-    "lookahead that never pulls": (
-        ["trainer.lookahead_decay=1.0"],
-        ["trainer.lookahead_decay=1.0", "in [0, 1)"],
+    "a component that is no class": (
+        ["+components.slow=5"],
+        ["components.slow=5", "a class given by _target_"],
     ),
     "more than all the data": (["data.fraction=1.5"], ["data.fraction=1.5", "in (0, 1]"]),
     "misspelt optimizer argument": (

@@ -29,7 +29,7 @@ def test_entry_point_pins_the_hash_seed_and_respects_the_users(tmp_path):
 
 
 def test_launch_reexecutes_only_when_unset(monkeypatch):
-    from repro import launch
+    from repro.runtime import launch
 
     calls = []
     monkeypatch.setattr(os, "execv", lambda *args: calls.append(args))

@@ -23,10 +23,10 @@ from repro.data.samplers import EpochBatches, EvalBatches
 from repro.data.workers import start_worker
 from repro.engine.loop import Trainer
 from repro.errors import ConfigError
-from repro.launch import expand_seed_shorthand
 from repro.models.small_cnn import SmallCNN
 from repro.runtime import determinism, seeding
 from repro.runtime.devices import use_pinned_memory
+from repro.runtime.launch import expand_seed_shorthand
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 from repro.runtime.transfer import DeviceBatches
@@ -151,10 +151,10 @@ def test_preset_exact_composes_the_deterministic_knobs():
 
 
 def test_a_preset_named_with_an_experiment_wins_over_the_experiments_knobs():
-    cfg = compose_config("experiment=cifar10_speedrun", "preset=exact")
+    cfg = compose_config("experiment=cifar10_resnet18", "preset=exact")
     assert cfg.cudnn.deterministic_algorithms and not cfg.cudnn.benchmark
     assert cfg.amp.mode == "off" and not cfg.trainer.compile
-    assert cfg.model._target_.endswith("ResNet9"), "the rest of the experiment stays"
+    assert cfg.model._target_.endswith("resnet18_cifar"), "the rest of the experiment stays"
     config.validate(cfg)
 
 

@@ -14,6 +14,11 @@ A callback is any object with some of these methods (dispatched by name: no base
 - `state_dict()` / `load_state_dict(state)`: a callback with state has it saved in every
   checkpoint and restored on resume, so a resumed run's callbacks go on as if never stopped.
 
+`components` are built the same way, by `_target_` under `components`, with two more
+arguments, `model` and `total_steps`: they are parts of the loop that change the weights
+(lookahead is one), so they are recorded like any setting that changes results, a run resumes
+only with the same ones, and their `state_dict` is required.
+
 Every rank calls its callbacks (a collective such as `predictions.confusion` needs them all);
 write files on `loop.dist.is_main` only, atomically (`repro.files`), so a run killed and resumed
 leaves the files an uninterrupted run leaves. Callbacks only watch: adding or removing one does
@@ -61,16 +66,22 @@ class Callback:
 
 
 class Callbacks:
-    """A run's callbacks by name, called in order: first the `parts` (weight averaging,
-    lookahead: they change the weights, and their state must be in the checkpoint a run
-    resumes from), then the `named` ones (what only watches: the template's progress bar,
+    """A run's callbacks by name, called in order: first the `parts` (the weight average)
+    and the config's `components` (lookahead): their state must be in the checkpoint a run
+    resumes from; then the `named` ones (what only watches: the template's progress bar,
     profiler and sync debugging, and the config's `callbacks`). Each hook calls only those
     that have it, so an unused hook costs the loop next to nothing. One that is a context
     manager is entered when the loop starts and left when it stops, with its error if any."""
 
-    def __init__(self, named: dict[str, Any] | None = None, parts: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        named: dict[str, Any] | None = None,
+        parts: dict[str, Any] | None = None,
+        components: dict[str, Any] | None = None,
+    ) -> None:
         self.parts, self.named = dict(parts or {}), dict(named or {})
-        everyone = [*self.parts.values(), *self.named.values()]
+        self.components = dict(components or {})
+        everyone = [*self.parts.values(), *self.components.values(), *self.named.values()]
         self._hooked = {
             hook: [getattr(callback, hook) for callback in everyone if hasattr(callback, hook)]
             for hook in HOOKS
@@ -79,7 +90,7 @@ class Callbacks:
 
     def get(self, name: str) -> Any:
         """The part or callback of that name, or None."""
-        return self.parts.get(name, self.named.get(name))
+        return self.parts.get(name, self.components.get(name, self.named.get(name)))
 
     @contextlib.contextmanager
     def running(self, loop: Any) -> Iterator[None]:
@@ -136,33 +147,69 @@ class Callbacks:
                 log.info("callbacks.%s: no state in the checkpoint; it starts afresh", name)
 
     def parts_state(self) -> dict[str, Any]:
-        """The parts' states, each a top-level entry of a checkpoint under its name."""
-        return {name: part.state_dict() for name, part in self.parts.items()}
+        """The parts' states, each a top-level entry of a checkpoint under its name, and the
+        components' under `components`."""
+        found = {name: part.state_dict() for name, part in self.parts.items()}
+        if self.components:
+            found["components"] = {
+                name: component.state_dict() for name, component in self.components.items()
+            }
+        return found
 
     def load_parts(self, state: dict[str, Any]) -> None:
-        """The parts' states: one the checkpoint lacks cannot be resumed."""
+        """The parts' and components' states: one the checkpoint lacks cannot be resumed."""
         for name, part in self.parts.items():
             if state.get(name) is None:
                 raise CheckpointError(f"the checkpoint holds no {name} state to resume")
             part.load_state_dict(state[name])
+        saved = state.get("components") or {}
+        for name, component in self.components.items():
+            found = saved.get(name, state.get(name))  # top-level: lookahead, before components
+            if found is None:
+                raise CheckpointError(f"the checkpoint holds no components.{name} state to resume")
+            try:
+                component.load_state_dict(found)
+            except (ValueError, KeyError, RuntimeError) as error:
+                raise CheckpointError(f"components.{name}: {error}") from None
 
 
 def build(
-    nodes: Any, builtin: dict[str, Any] | None = None, parts: dict[str, Any] | None = None
+    nodes: Any,
+    builtin: dict[str, Any] | None = None,
+    parts: dict[str, Any] | None = None,
+    components: dict[str, Any] | None = None,
 ) -> Callbacks:
     """The template's `builtin` watchers and `parts`, then `cfg.callbacks`: name -> a node with
     a `_target_` (a null node is left out, so that `callbacks.NAME=null` turns one off)."""
     built = dict(builtin or {})
+    built |= _instantiated("callbacks", nodes)
+    return Callbacks(built, parts, components)
+
+
+def build_components(nodes: Any, model: Any, total_steps: int) -> dict[str, Any]:
+    """`cfg.components`: name -> a part of the loop built with the model and the run's length."""
+    found = _instantiated("components", nodes, model=model, total_steps=total_steps)
+    for name, component in found.items():
+        if not hasattr(component, "state_dict") or not hasattr(component, "load_state_dict"):
+            allowed = "a class with state_dict and load_state_dict (a resume needs its state)"
+            raise ConfigError(f"components.{name}._target_", nodes[name]._target_, allowed)
+    return found
+
+
+def _instantiated(group: str, nodes: Any, **arguments: Any) -> dict[str, Any]:
+    """Each node of `group` by `_target_`, left out when null; a bad one is the user's to fix."""
+    built: dict[str, Any] = {}
     for name, node in (nodes or {}).items():
         if node is None:
             continue
-        key = f"callbacks.{name}"
+        key = f"{group}.{name}"
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            raise ConfigError(key, node, "a callback given by _target_ (and its arguments)")
+            raise ConfigError(key, node, "a class given by _target_ (and its arguments)")
         try:
-            built[str(name)] = instantiate(node)
+            built[str(name)] = instantiate(node, **arguments)
         except Exception as error:  # an unknown class or a wrong argument: the user's to fix
+            cause = error.__cause__ or error  # Hydra wraps the class's own error
             raise ConfigError(
-                f"{key}._target_", node.get("_target_"), f"could not build it: {error}"
+                f"{key}._target_", node.get("_target_"), f"could not build it: {cause}"
             ) from None
-    return Callbacks(built, parts)
+    return built

@@ -25,7 +25,6 @@ CHOICES = {
     "trainer.monitor_mode": ("max", "min"),
     "trainer.test_weights": ("best", "last", "ema"),
     "trainer.tta": ("none", "flip", "flip_translate"),
-    "trainer.lookahead_ramp": ("constant", "cubic"),
     "augment.flip": ("random", "alternate"),
     "augment.crop_padding_mode": ("zeros", "reflect", "edge"),
     "logger.progress": ("auto", "on", "off"),
@@ -42,7 +41,6 @@ MINIMUM = {
     "trainer.eval_every_steps": (1, True),
     "trainer.checkpoint_every_steps": (1, True),
     "trainer.halt_at_step": (1, True),
-    "trainer.lookahead_every": (1, True),
     "trainer.num_threads": (1, True),
     "trainer.keep_checkpoints": (1, False),
     "trainer.patience": (1, True),
@@ -74,7 +72,6 @@ BETWEEN = {
     "scheduler.warmup": ("[0, 1)", True),
     "objective.label_smoothing": ("[0, 1)", False),
     "trainer.ema_decay": ("(0, 1)", True),
-    "trainer.lookahead_decay": ("[0, 1)", False),
     "data.fraction": ("(0, 1]", False),
 }
 
@@ -176,6 +173,8 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             continue
         if not inside(value, interval):
             raise ConfigError(key, value, f"{'null or ' if nullable else ''}in {interval}")
+    for group in ("callbacks", "components"):
+        _check_plugged_in(group, cfg.get(group))
     if cfg.seed.mode == "fixed" and cfg.seed.value is None:
         raise ConfigError(
             "seed.value", None, "an integer >= 0 with seed=fixed (or use seed=random)"
@@ -208,11 +207,20 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
         raise ConfigError("data.root", "???", "a folder path: this data option reads one")
 
 
+def _check_plugged_in(group: str, nodes: Any) -> None:
+    """`callbacks` and `components`: name -> null or a node naming its class by `_target_`."""
+    for name, node in (nodes or {}).items():
+        if node is not None and not (isinstance(node, DictConfig) and "_target_" in node):
+            raise ConfigError(
+                f"{group}.{name}", node, "a class given by _target_ (and its arguments)"
+            )
+
+
 MONITORED = ("val_", "ema_val_")  # an evaluation's columns: the accuracy and the objective's terms
 
 
 def _check_trainer_extras(trainer: DictConfig) -> None:
-    """Best-checkpoint, EMA, lookahead and accumulation settings that must agree with each
+    """Best-checkpoint, EMA and accumulation settings that must agree with each
     other or lie in a range."""
     if not str(trainer.monitor).startswith(MONITORED):
         allowed = (

@@ -11,7 +11,7 @@ checkout does not trust is refused unless `trust=true` (see repro.runs.trust).
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.launch import pin_hash_seed
+    from repro.runtime.launch import pin_hash_seed
 
     pin_hash_seed("repro.evaluate")
 

@@ -112,9 +112,6 @@ class TrainerConfig:
     monitor_mode: str = MISSING  # max | min
     patience: Optional[int] = MISSING
     ema_decay: Optional[float] = MISSING
-    lookahead_every: Optional[int] = MISSING  # steps between pulls of the slow weights
-    lookahead_decay: float = MISSING
-    lookahead_ramp: str = MISSING  # constant | cubic
     accumulate_steps: int = MISSING
     test_after_fit: bool = MISSING
     test_weights: str = MISSING  # best | last | ema
@@ -162,6 +159,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     callbacks: dict[str, Any] = field(default_factory=dict)  # name -> a node with a _target_
+    # name -> a node with a _target_: a part of the loop that changes the weights (lookahead)
+    components: dict[str, Any] = field(default_factory=dict)
     preset: Optional[str] = None  # set by conf/preset/*.yaml
 
 
@@ -178,8 +177,8 @@ def register() -> None:
     and the resolvers the conf/ files name. Safe to call more than once."""
     from omegaconf import OmegaConf
 
-    from repro import launch  # imports nothing heavy
     from repro.runs.history import record_subdir
+    from repro.runtime import launch  # imports nothing heavy
 
     store = ConfigStore.instance()
     store.store(group="schema", name="train", node=Config, package="_global_")

@@ -7,7 +7,7 @@ there is a checkpoint, train, write the summary.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.launch import pin_hash_seed, record_command
+    from repro.runtime.launch import pin_hash_seed, record_command
 
     pin_hash_seed("repro.train")
     record_command("repro.train")
@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from repro import build, config, launch, schema
+from repro import build, config, schema
 from repro.data import fingerprint
 from repro.engine import assembly
 from repro.engine.loop import Trainer
@@ -34,7 +34,7 @@ from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runs import final_test, history, resume, run_lock
 from repro.runs.checkpoint import Checkpointer
-from repro.runtime import determinism, distributed, environment, seeding
+from repro.runtime import determinism, distributed, environment, launch, seeding
 from repro.sweeps import ERROR_FILE
 from repro.sweeps.callback import SweepReport
 from repro.watch.loggers import MetricsLog, plot_curves

@@ -14,7 +14,7 @@ refused before anything is built or imported, unless `trust=true` (see repro.run
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.launch import pin_hash_seed
+    from repro.runtime.launch import pin_hash_seed
 
     pin_hash_seed("repro.verify")
 

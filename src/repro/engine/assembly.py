@@ -23,7 +23,6 @@ from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
 from repro.engine import preflight
 from repro.engine.invariant import InvariantStep
-from repro.engine.lookahead import Lookahead
 from repro.engine.loop import Trainer
 from repro.engine.mixing import BatchMixer
 from repro.engine.settings import Knobs, LoopData, LoopSettings, Outputs
@@ -161,21 +160,20 @@ def trainer(
         settings=settings,
         extra_state={**extra_state, "resolved": knobs.resolved()},
         total_steps=parts.total_steps,
-        callbacks=callbacks.build(cfg.get("callbacks"), builtin, _parts(cfg.trainer, parts)),
+        callbacks=callbacks.build(
+            cfg.get("callbacks"),
+            builtin,
+            _parts(cfg.trainer, parts),
+            callbacks.build_components(cfg.get("components"), parts.model, parts.total_steps),
+        ),
     )
 
 
 def _parts(trainer: Any, parts: Parts) -> dict[str, Any]:
-    """The optional parts that change the weights: the weight average, then lookahead (the
-    order they act in after a step)."""
-    found: dict[str, Any] = {}
-    if trainer.ema_decay is not None:
-        found["ema"] = WeightAverage(parts.model, trainer.ema_decay)
-    if trainer.lookahead_every is not None:
-        every, decay = int(trainer.lookahead_every), float(trainer.lookahead_decay)
-        ramp = str(trainer.lookahead_ramp)
-        found["lookahead"] = Lookahead(parts.model, every, decay, ramp, parts.total_steps)
-    return found
+    """The template's optional part that keeps state beside the model: the weight average."""
+    if trainer.ema_decay is None:
+        return {}
+    return {"ema": WeightAverage(parts.model, trainer.ema_decay)}
 
 
 def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, objective: Any) -> InvariantStep:

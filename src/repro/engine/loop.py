@@ -83,7 +83,7 @@ class Trainer:
             "last_eval": dict(run.last_eval),
             "best": vars(run.best).copy(),
             "stopped_early": run.stopped_early,
-            **self.callbacks.parts_state(),  # ema, lookahead: top-level, as ever
+            **self.callbacks.parts_state(),  # ema: top-level, as ever; the components
             "rng": self._rng_states(),
             "callbacks": self.callbacks.state_dict(),
             **self.extra_state,
@@ -162,7 +162,7 @@ class Trainer:
                 throughput.waited(time.perf_counter() - waited, len(labels))
                 self.losses.append(self.train_step(images, labels))
                 epoch_ended = pos.advance(per_epoch)
-                self.callbacks.after_step(self)  # the weight average, lookahead, watchers
+                self.callbacks.after_step(self)  # the weight average, the components, watchers
                 faults.point("step", pos.step, settle=self.outputs.checkpointer.wait)
                 if pos.step % self.settings.fingerprint_every_steps == 0:
                     self.flush_losses()  # with a weights hash at this step

@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
-from repro.launch import COMMAND_VARIABLE
 from repro.runs import run_lock
 from repro.runtime import environment
+from repro.runtime.launch import COMMAND_VARIABLE
 
 ATTEMPTS_FILE = "attempts.jsonl"
 FIRST_RECORD = ".hydra"

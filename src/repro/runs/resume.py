@@ -53,15 +53,18 @@ ADDED = {
     "optimizer.lr_scale_biases_and_norms": 1.0,
     "trainer.init_weights": None,
     "trainer.profile_steps": None,
-    "trainer.lookahead_every": None,
-    "trainer.lookahead_decay": 0.5,
-    "trainer.lookahead_ramp": "constant",
 }
 
 
 # What a config recorded before the `objective` group existed trained with: cross-entropy, its
 # smoothing then kept under `trainer`.
 DEFAULT_OBJECTIVE = "repro.objectives.CrossEntropy"
+# Classes that moved to the recipes area, by their old `_target_`.
+MOVED = {
+    "repro.models.whitened_cnn.WhitenedCNN": "repro.recipes.whitened_cnn.WhitenedCNN",
+    "repro.models.resnet9.ResNet9": "repro.recipes.resnet9.ResNet9",
+}
+LOOKAHEAD = "repro.recipes.lookahead.Lookahead"  # once `trainer.lookahead_every` and its kin
 
 
 def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +77,16 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
     if "objective" not in upgraded:
         smoothing = upgraded.get("trainer", {}).pop("label_smoothing", 0.0)
         upgraded["objective"] = {"_target_": DEFAULT_OBJECTIVE, "label_smoothing": smoothing}
+    model = upgraded.get("model", {})
+    if model.get("_target_") in MOVED:
+        model["_target_"] = MOVED[model["_target_"]]
+    trainer = upgraded.get("trainer", {})
+    if "lookahead_every" in trainer:
+        every = trainer.pop("lookahead_every")
+        decay, ramp = trainer.pop("lookahead_decay", 0.5), trainer.pop("lookahead_ramp", "constant")
+        if every is not None:
+            lookahead = {"_target_": LOOKAHEAD, "every": every, "decay": decay, "ramp": ramp}
+            upgraded.setdefault("components", {})["lookahead"] = lookahead
     return upgraded
 
 

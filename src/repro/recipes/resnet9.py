@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from repro.models.layers import GlobalMaxPool, Scale
+from repro.recipes.layers import GlobalMaxPool, Scale
 
 
 def conv_bn(cin: int, cout: int) -> list[nn.Module]:

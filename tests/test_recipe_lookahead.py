@@ -1,13 +1,17 @@
-"""trainer.lookahead_every: slow weights pulled towards the trained ones, trained on from there."""
+"""components.lookahead (a recipe): slow weights pulled towards the trained ones, trained on
+from there; a component of the loop, by `_target_`."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from torch import nn
 
-from repro.engine.lookahead import Lookahead
 from repro.errors import ConfigError
+from repro.recipes.lookahead import Lookahead
+from repro.runs import resume
 from repro.runs.checkpoint import load
 
 from conftest import tiny, train_in_process
@@ -59,10 +63,13 @@ def test_pulls_come_on_the_cadence_and_at_the_last_step_and_the_model_trains_on_
 def test_the_cubic_ramp_grows_from_no_pull_to_the_decay():
     lookahead = Lookahead(model(), every=5, decay=0.8, ramp="cubic", total_steps=100)
     assert [lookahead.decay_at(step) for step in (0, 50, 100)] == [0.0, 0.1, 0.8]
-    assert Lookahead(model(), 5, 0.8, "constant", 100).decay_at(50) == 0.8
+    assert Lookahead(model(), 100, every=5, decay=0.8, ramp="constant").decay_at(50) == 0.8
 
 
-RUN = tiny("trainer.epochs=2", "trainer.lookahead_every=4", "trainer.lookahead_ramp=cubic")
+TARGET = "repro.recipes.lookahead.Lookahead"
+LOOKAHEAD = (f"+components.lookahead._target_={TARGET}", "+components.lookahead.every=4",
+             "+components.lookahead.ramp=cubic")  # fmt: skip
+RUN = tiny("trainer.epochs=2", *LOOKAHEAD)
 
 
 def test_a_run_with_lookahead_trains_otherwise_and_resumes_exactly_between_two_pulls(tmp_path):
@@ -73,21 +80,48 @@ def test_a_run_with_lookahead_trains_otherwise_and_resumes_exactly_between_two_p
     halted = load(tmp_path / "resumed" / "checkpoints" / "last.pt")
     # Step 6 is between the pulls at 4 and 8: the slow weights are not the model's.
     assert any(not torch.equal(slow, halted["model"][name]) for name, slow in
-               halted["lookahead"].items())  # fmt: skip
+               halted["components"]["lookahead"].items())  # fmt: skip
     resumed = train_in_process(tmp_path / "resumed", *RUN)
     assert resumed["resumed_from_step"] == 6
     assert resumed["weights_sha256"] == straight["weights_sha256"]
 
 
 @pytest.mark.parametrize(
-    ("override", "key"),
+    ("override", "said"),
     [
-        ("trainer.lookahead_every=0", "trainer.lookahead_every"),
-        ("trainer.lookahead_decay=1", "trainer.lookahead_decay"),
-        ("trainer.lookahead_decay=-0.1", "trainer.lookahead_decay"),
-        ("trainer.lookahead_ramp=linear", "trainer.lookahead_ramp"),
+        ("+components.lookahead.every=0", "every=0"),
+        ("+components.lookahead.decay=1", "decay=1"),
+        ("+components.lookahead.decay=-0.1", "decay=-0.1"),
+        ("+components.lookahead.ramp=linear", "ramp='linear'"),
     ],
 )
-def test_settings_out_of_range_are_refused(override, key, tmp_path):
-    with pytest.raises(ConfigError, match=key):
-        train_in_process(tmp_path, *tiny(override))
+def test_settings_out_of_range_are_refused_naming_the_component(override, said, tmp_path):
+    target = f"+components.lookahead._target_={TARGET}"
+    with pytest.raises(ConfigError, match=rf"components\.lookahead.*{re.escape(said)}.*allowed"):
+        train_in_process(tmp_path, *tiny(target, override))
+
+
+def test_a_config_recorded_with_the_old_trainer_keys_reads_as_the_component():
+    trainer = {"epochs": 2, "lookahead_every": 5, "lookahead_decay": 0.7, "lookahead_ramp": "cubic"}
+    old = {"trainer": trainer, "model": {"_target_": "repro.models.resnet9.ResNet9"}}
+    upgraded = resume.upgrade(old)
+    assert upgraded["components"] == {
+        "lookahead": {"_target_": TARGET, "every": 5, "decay": 0.7, "ramp": "cubic"}
+    }
+    assert upgraded["trainer"] == {"epochs": 2}
+    assert upgraded["model"]["_target_"] == "repro.recipes.resnet9.ResNet9"
+    off = resume.upgrade({"trainer": {"lookahead_every": None, "lookahead_decay": 0.5}})
+    assert off == {"trainer": {}, "objective": off["objective"]} and "components" not in off
+
+
+def test_a_checkpoint_from_before_components_resumes_its_lookahead(tmp_path):
+    """Checkpoints once held the slow weights top-level, under `lookahead`."""
+    net = model()
+    written = Lookahead(net, 10, every=3)
+    train_a_little(net)
+    written.pull(3)
+    from repro.callbacks import Callbacks
+
+    fresh = Lookahead(model(), 10, every=3)
+    Callbacks(components={"lookahead": fresh}).load_parts({"lookahead": written.state_dict()})
+    assert all(torch.equal(a, b) for a, b in zip(fresh.slow, written.slow, strict=True))

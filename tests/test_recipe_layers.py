@@ -1,12 +1,12 @@
-"""The layers the fast CIFAR-10 networks share (models/layers.py)."""
+"""The layers the fast CIFAR-10 networks share (recipes/layers.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from repro.models.layers import GlobalMaxPool
-from repro.models.resnet9 import ResNet9
-from repro.models.whitened_cnn import WhitenedCNN
+from repro.recipes.layers import GlobalMaxPool
+from repro.recipes.resnet9 import ResNet9
+from repro.recipes.whitened_cnn import WhitenedCNN
 
 
 def test_the_global_max_pool_sends_each_gradient_to_one_maximum_among_ties():

@@ -9,7 +9,7 @@ from repro import build
 from repro.data.datasets import Splits
 from repro.data.sources import TensorImages
 from repro.errors import ConfigError
-from repro.models.whitened_cnn import PatchWhitening, WhitenedCNN
+from repro.recipes.whitened_cnn import PatchWhitening, WhitenedCNN
 from repro.runs.checkpoint import load
 from repro.runtime.seeding import torch_generator
 

@@ -1,4 +1,7 @@
-"""Lookahead (`trainer.lookahead_every`): slow weights that follow the trained ones in jumps.
+"""Lookahead: slow weights that follow the trained ones in jumps; a component of the loop.
+
+    components:
+      lookahead: {_target_: repro.recipes.lookahead.Lookahead, every: 5, decay: 0.774, ramp: cubic}
 
 Every `every` optimizer steps, and at the run's last step, the slow copy of the model's
 floating-point parameters and buffers moves towards the trained ones,
@@ -17,13 +20,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from repro.errors import CheckpointError
+RAMPS = ("constant", "cubic")
 
 
 class Lookahead:
     def __init__(
-        self, model: nn.Module, every: int, decay: float, ramp: str, total_steps: int
+        self,
+        model: nn.Module,
+        total_steps: int,
+        every: int = 5,
+        decay: float = 0.5,
+        ramp: str = "constant",
     ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every={every!r}: allowed: an integer >= 1 (steps between pulls)")
+        if not 0 <= decay < 1:
+            raise ValueError(f"decay={decay!r}: allowed: a number in [0, 1)")
+        if ramp not in RAMPS:
+            raise ValueError(f"ramp={ramp!r}: allowed: {' | '.join(RAMPS)}")
         self.every, self.decay, self.ramp, self.total_steps = every, decay, ramp, total_steps
         named = model.state_dict(keep_vars=True).items()  # the live tensors, by name
         self.names = [name for name, tensor in named if tensor.is_floating_point()]
@@ -37,7 +51,7 @@ class Lookahead:
         return self.decay
 
     def after_step(self, loop: Any) -> None:
-        """As a part of the loop (repro.callbacks): after every optimizer step."""
+        """As a component of the loop (repro.callbacks): after every optimizer step."""
         self.pull(loop.state.position.step)
 
     @torch.no_grad()
@@ -55,6 +69,6 @@ class Lookahead:
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if list(state) != self.names:
-            raise CheckpointError("the checkpoint's lookahead weights are not this model's")
+            raise ValueError("the checkpoint's lookahead weights are not this model's")
         for mine, saved in zip(self.slow, state.values(), strict=True):
             mine.copy_(saved)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from repro.models.layers import GlobalMaxPool, Scale
+from repro.recipes.layers import GlobalMaxPool, Scale
 
 
 class PatchWhitening(nn.Conv2d):

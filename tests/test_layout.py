@@ -1,0 +1,126 @@
+"""The shape of the code: a small core that imports neither the recipes nor the benchmarks,
+folders of a dozen modules at most, no import cycle, a loop of few fields."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import tokenize
+from pathlib import Path
+
+from repro.engine.loop import Trainer
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "repro"
+NAME = PACKAGE.name
+AREAS = ("recipes",)  # inside the package, outside the core
+CORE_LINES = 6000
+FOLDER_MODULES = 12
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def is_core(name: str) -> bool:
+    return not any(name.startswith(f"{NAME}.{area}") for area in AREAS)
+
+
+def imported(name: str, path: Path) -> set[str]:
+    """What a module imports, anywhere in it (a function's import counts), absolute names."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package upwards
+                package = name.split(".")[: -node.level] if path.stem != "__init__" else None
+                base = ".".join([*(package or name.split(".")[: 1 - node.level]), base])
+            names.add(base)
+            names |= {f"{base}.{alias.name}" for alias in node.names}
+    return names
+
+
+def code_lines(path: Path) -> int:
+    """Lines holding code: not blank, not only a comment, not part of a docstring."""
+    source = path.read_text()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        if isinstance(node, kinds) and ast.get_docstring(node, clean=False) is not None:
+            first = node.body[0]
+            docstrings |= set(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    lines: set[int] = set()
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+               tokenize.DEDENT, tokenize.ENDMARKER}  # fmt: skip
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            lines |= set(range(token.start[0], token.end[0] + 1)) - docstrings
+    return len(lines)
+
+
+def test_the_core_never_imports_the_recipes_or_the_benchmarks():
+    offenders = {
+        name: sorted(
+            target
+            for target in imported(name, path)
+            if target.startswith("benchmarks") or not is_core(target)
+        )
+        for name, path in modules().items()
+        if is_core(name)
+    }
+    assert not {name: found for name, found in offenders.items() if found}
+
+
+def test_the_package_has_no_import_cycle():
+    known = modules()
+    graph = {
+        name: {target for target in imported(name, path) if target in known and target != name}
+        for name, path in known.items()
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target] if target in path else [name, target]
+            if not state.get(target):
+                cycle = visit(target, [*path, target])
+                if cycle:
+                    return cycle
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if not state.get(name):
+            cycle = visit(name, [name])
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_core_is_small_and_no_folder_holds_more_than_a_dozen_modules():
+    core = {name: path for name, path in modules().items() if is_core(name)}
+    total = sum(code_lines(path) for path in core.values())
+    assert total <= CORE_LINES, f"the core has {total} lines of code"
+    folders: dict[Path, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            folders[path.parent] = folders.get(path.parent, 0) + 1
+    crowded = {str(folder): count for folder, count in folders.items() if count > FOLDER_MODULES}
+    assert not crowded
+
+
+def test_the_loop_has_few_fields():
+    assert len(dataclasses.fields(Trainer)) <= 14
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blank_lines(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Doc\nstring."""\n\n# a comment\nx = (1,\n     2)  # trailing\n')
+    assert code_lines(sample) == 2
