@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from benchmarks.operators import DeviceOps
 from repro.data.batching import BatchMaker
 from repro.data.samplers import EpochBatches
 from repro.data.sources import TensorImages
 from repro.data.transforms import build
+from repro.watch.operators import DeviceOps
 
 IMAGES = 50_000
 PIPELINES = {

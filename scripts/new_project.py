@@ -1,10 +1,13 @@
-"""Start a new experiment from this template: `python scripts/new_project.py NAME [--dest DIR]`.
+"""Start a new experiment from this template: `python scripts/new_project.py NAME [--dest DIR]
+[--minimal]`.
 
 Copies the template's files (what git tracks, plus new files it does not ignore) into DIR
 (default: ../NAME next to the template), renames the package `repro` to NAME in paths, code,
 configs, tests and docs, records where it came from in TEMPLATE.md, and makes one initial
 commit in a fresh git repository. Leaves behind run outputs, caches, virtual environments and
-git-ignored local files. Standard library only, so any Python 3.10+ can run it.
+git-ignored local files. With `--minimal`, the fast-CIFAR recipes and the benchmarks stay
+behind too (`LEFT_OUT_BY_MINIMAL`), with their configs, tests and scripts: the core alone.
+Standard library only, so any Python 3.10+ can run it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ SHADOWED = {
 }  # fmt: skip
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl"}
 WORD = re.compile(rf"\b{OLD}\b", re.IGNORECASE)  # not "reproducible": \b needs a word end
+# What `--minimal` leaves out: paths, or folders and name prefixes ending in "/" or "_". The
+# core imports none of it (tests/test_layout.py), and no other test needs it.
+LEFT_OUT_BY_MINIMAL = (
+    f"src/{OLD}/recipes/", "benchmarks/", "conf/suite/", "conf/bench.yaml",
+    "conf/model/whitened_cnn.yaml", "conf/model/resnet9.yaml",
+    "conf/experiment/cifar10_airbench.yaml", "conf/experiment/cifar10_speedrun.yaml",
+    "tests/test_recipe_", "tests/test_bench.py", "scripts/gpu_figures.sh",
+    "scripts/device_batch_cost.py", "docs/benchmarks.md",
+)  # fmt: skip
 ENV_PREFIX = re.compile(rf"\b{OLD.upper()}_")  # environment variables such as REPRO_DATA
 
 
@@ -86,7 +98,25 @@ def template_files() -> list[str]:
     return sorted(f for f in set(files) if is_kept(f))
 
 
-def provenance() -> str:
+def is_recipe_or_benchmark(rel: str) -> bool:
+    return any(
+        rel.startswith(left) if left.endswith(("/", "_")) else rel == left
+        for left in LEFT_OUT_BY_MINIMAL
+    )
+
+
+def without_benchmarks(makefile: str) -> str:
+    """The Makefile less its `bench` target and the benchmarks folder in the lint commands."""
+    kept = []
+    for block in makefile.split("\n\n"):
+        if block.startswith("bench:"):
+            continue
+        lines = [line for line in block.split("\n") if not line.startswith('\t@echo "make bench')]
+        kept.append("\n".join(lines).replace(" benchmarks", "").replace(" bench ", " "))
+    return "\n\n".join(kept)
+
+
+def provenance(minimal: bool = False) -> str:
     """TEMPLATE.md: the template's version, commit and whether it had uncommitted changes."""
     init = (ROOT / "src" / OLD / "__init__.py").read_text()
     found = re.search(r"""__version__\s*=\s*["']([^"']+)""", init)
@@ -100,7 +130,14 @@ def provenance() -> str:
         f"# Template\n\nThis project was made with `scripts/new_project.py` from the `{OLD}` "
         f"template.\n\n- version: {version}\n- commit: {commit}\n"
         f"- uncommitted changes in the template: {dirty}\n"
-    )
+    ) + (MINIMAL_NOTE if minimal else "")
+
+
+MINIMAL_NOTE = """
+Made with `--minimal`: the recipes (src/<package>/recipes/, the whitened_cnn and resnet9
+models, experiment=cifar10_airbench and cifar10_speedrun) and the benchmarks (benchmarks/,
+conf/suite/, `make bench`) were left out. The docs still describe them; the template has them.
+"""
 
 
 def locked(name: str) -> str:
@@ -115,18 +152,21 @@ def rename(text: str, rel: str, name: str) -> str:
     return WORD.sub(name, ENV_PREFIX.sub(f"{name.upper()}_", text))
 
 
-def copy_project(name: str, dest: Path) -> int:
+def copy_project(name: str, dest: Path, minimal: bool = False) -> int:
     """Copy and rename every template file into dest; returns how many were written."""
-    files = template_files()
+    files = [rel for rel in template_files() if not (minimal and is_recipe_or_benchmark(rel))]
     for rel in files:
         source, target = ROOT / rel, dest / WORD.sub(name, rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            target.write_text(rename(source.read_text(encoding="utf-8"), rel, name), "utf-8")
+            text = rename(source.read_text(encoding="utf-8"), rel, name)
+            if minimal and rel == "Makefile":
+                text = without_benchmarks(text)
+            target.write_text(text, "utf-8")
         except UnicodeDecodeError:  # a binary file: copied as it is
             shutil.copyfile(source, target)
         shutil.copymode(source, target)
-    (dest / "TEMPLATE.md").write_text(provenance(), encoding="utf-8")
+    (dest / "TEMPLATE.md").write_text(provenance(minimal), encoding="utf-8")
     return len(files) + 1
 
 
@@ -146,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("name", help="the new package name, a Python identifier")
     parser.add_argument("--dest", type=Path, help="where to write it (default: ../NAME)")
+    parser.add_argument(
+        "--minimal", action="store_true", help="the core alone: no recipes, no benchmarks"
+    )
     args = parser.parse_args(argv)
     dest = (args.dest or ROOT.parent / args.name).expanduser().absolute()
     try:
@@ -154,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     except RefusedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    count = copy_project(args.name, dest)
+    count = copy_project(args.name, dest, args.minimal)
     try:
         initial_commit(dest)
     except (OSError, subprocess.CalledProcessError) as error:

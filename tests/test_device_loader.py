@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from benchmarks.operators import DeviceOps
 from repro import build
 from repro.data.batching import BatchMaker
 from repro.data.device_loader import DeviceTrainLoader
@@ -24,6 +23,7 @@ from repro.data.transforms import build as pipeline
 from repro.errors import ConfigError
 from repro.runtime.seeding import stream_seed
 from repro.runtime.transfer import DeviceBatches
+from repro.watch.operators import DeviceOps
 
 from conftest import compose_config, tiny, train_in_process
 

@@ -188,3 +188,33 @@ def test_ignored_files_stay_behind_and_dest_defaults_to_a_sibling(use_git, tmp_p
     assert "version: 9.9" in (made / "TEMPLATE.md").read_text()
     expected = "uncommitted changes in the template: " + ("no" if use_git else "unknown")
     assert expected in (made / "TEMPLATE.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def minimal(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("minimal") / NAME
+    done = new_project(NAME, "--dest", str(dest), "--minimal")
+    assert done.returncode == 0, done.stderr
+    return dest
+
+
+@pytest.mark.e2e
+def test_minimal_leaves_the_recipes_and_benchmarks_behind_and_its_tests_collect(minimal):
+    assert (
+        not (minimal / "benchmarks").exists() and not (minimal / "src" / NAME / "recipes").exists()
+    )
+    assert not list((minimal / "tests").glob("test_recipe_*")) and (minimal / "tests").is_dir()
+    assert not (minimal / "conf" / "model" / "whitened_cnn.yaml").exists()
+    assert (minimal / "conf" / "model" / "small_cnn.yaml").is_file()
+    makefile = (minimal / "Makefile").read_text()
+    assert "bench" not in makefile and "ruff check src tests scripts\n" in makefile
+    assert "--minimal" in (minimal / "TEMPLATE.md").read_text()
+    env = {**os.environ, "PYTHONPATH": str(minimal / "src"), "PYTHONHASHSEED": "0"}
+    pytest_in = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    # Every test module imports without the recipes; the layout checks pass there too.
+    collected = subprocess.run([*pytest_in, "--collect-only"], cwd=minimal, env=env,
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    layout = subprocess.run([*pytest_in, "tests/test_layout.py"], cwd=minimal, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert layout.returncode == 0, layout.stdout[-3000:]
