@@ -14,9 +14,12 @@ from conftest import CONF, ROOT
 
 
 def readme_example() -> str:
-    """The example local file that the README shows, so the two cannot drift apart."""
-    section = ROOT.joinpath("README.md").read_text().split("### Machine-local settings", 1)[1]
-    return re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1)
+    """The example local file that the README shows (marked `tested: local-default`), so the
+    two cannot drift apart."""
+    readme = ROOT.joinpath("README.md").read_text()
+    return re.search(r"<!-- tested: local-default -->\n```yaml\n(.*?)```", readme, re.DOTALL).group(
+        1
+    )
 
 
 @pytest.fixture
