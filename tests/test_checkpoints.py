@@ -280,9 +280,21 @@ def test_a_new_run_in_an_old_folder_drops_the_old_best(tmp_path):
 def test_a_checkpoint_from_before_a_key_existed_resumes_under_its_old_behaviour():
     cfg = compose_config(*KEEP)
     saved = OmegaConf.to_container(cfg, resolve=True)
-    for key in resume.ADDED:
+    # The keys added since checkpoint format 3, each declared as what runs did before it.
+    before_they_existed = {
+        "augment.cutout": 0, "augment.flip": "random", "augment.crop_padding_mode": "zeros",
+        "trainer.tta": "none", "optimizer.decay_biases_and_norms": True,
+        "optimizer.lr_scale_biases_and_norms": 1.0, "trainer.init_weights": None,
+        "trainer.profile_steps": None,
+    }  # fmt: skip
+    assert before_they_existed.items() <= resume.DECLARED.items()
+    dropped = 0
+    for key, default in resume.DECLARED.items():  # each key at its default, as if added since
         section, name = key.split(".")
-        del saved[section][name]
+        if saved[section].get(name, default) == default:
+            saved[section].pop(name, None)
+            dropped += 1
+    assert dropped >= 10
     resume.check_compatible({"config": saved, "resolved": {}}, cfg, {})
     # An optimizer file of the user's, without the keys: its checkpoint resumes under a config
     # that spells out their old values, and is refused under one that changes them.

@@ -24,6 +24,7 @@ from repro.runtime.memory_format import FORMATS
 from repro.runtime.precision import Precision
 from repro.runtime.seeding import seeded, torch_generator
 from repro.runtime.transfer import DeviceBatches, prefetched
+from repro.schema import OptimizerExtras
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +151,10 @@ def _parameter_groups(model: nn.Module, settings: dict[str, Any]) -> list[Any]:
     normalisation weights) get no weight decay (`decay_biases_and_norms=false`) or a scaled
     learning rate (`lr_scale_biases_and_norms`). Both keys are the template's: they are taken
     out of `settings` before the optimizer class sees them."""
-    decay_all = settings.pop("decay_biases_and_norms", True)
+    decay_all = settings.pop("decay_biases_and_norms", OptimizerExtras.decay_biases_and_norms)
     if not isinstance(decay_all, bool):
         raise ConfigError("optimizer.decay_biases_and_norms", decay_all, "true or false")
-    scale = settings.pop("lr_scale_biases_and_norms", 1.0)
+    scale = settings.pop("lr_scale_biases_and_norms", OptimizerExtras.lr_scale_biases_and_norms)
     if not isinstance(scale, int | float) or isinstance(scale, bool) or scale <= 0:
         raise ConfigError("optimizer.lr_scale_biases_and_norms", scale, "a number > 0")
     trained = [p for p in model.parameters() if p.requires_grad]

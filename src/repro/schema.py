@@ -1,7 +1,10 @@
 """Typed schemas for the config, registered with Hydra's ConfigStore.
 
 The schemas give types, not values: each value lives in one place, the YAML option of its
-group under conf/ (MISSING here). A default below is for a key that not every option sets.
+group under conf/ (MISSING here). A default below is for a key that not every option sets, or
+one added since checkpoints first recorded their config: the value that does what runs did
+before the key existed, so a recorded config that lacks it reads as it trained
+(`declared_defaults`; no table to keep beside this file).
 Hydra merges every YAML option onto these dataclasses, so a wrong type or an unknown key is
 reported at composition time with its full key; `config.validate` adds the checks a type
 cannot express.
@@ -9,7 +12,8 @@ cannot express.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -79,9 +83,9 @@ class DataConfig:
 @dataclass
 class AugmentConfig:
     crop_flip: bool = MISSING
-    flip: str = MISSING  # random | alternate
-    crop_padding_mode: str = MISSING  # zeros | reflect | edge
-    cutout: int = MISSING  # > 0: a random square of this side set to zero (Cutout)
+    flip: str = "random"  # random | alternate
+    crop_padding_mode: str = "zeros"  # zeros | reflect | edge
+    cutout: int = 0  # > 0: a random square of this side set to zero (Cutout)
     transforms: list[Any] = MISSING  # torchvision.transforms.v2 nodes with a _target_
     mixup_alpha: float = MISSING
     cutmix_alpha: float = MISSING
@@ -107,7 +111,7 @@ class TrainerConfig:
     global_batch: bool = MISSING  # torchrun: batch_size is the total over ranks, not per rank
     sync_batchnorm: bool = MISSING
     sync_debug: bool = MISSING  # CUDA: warn at every host sync after the first step
-    profile_steps: Optional[list[int]] = MISSING  # [first, last]: torch.profiler over them
+    profile_steps: Optional[list[int]] = None  # [first, last]: torch.profiler over them
     monitor: str = MISSING
     monitor_mode: str = MISSING  # max | min
     patience: Optional[int] = MISSING
@@ -115,10 +119,19 @@ class TrainerConfig:
     accumulate_steps: int = MISSING
     test_after_fit: bool = MISSING
     test_weights: str = MISSING  # best | last | ema
-    tta: str = MISSING  # none | flip: test-time augmentation of every evaluation
-    init_weights: Optional[str] = MISSING  # a file whose matching weights start the model
+    tta: str = "none"  # none | flip: test-time augmentation of every evaluation
+    init_weights: Optional[str] = None  # a file whose matching weights start the model
     world_invariant: bool = MISSING
     micro_batch: Optional[int] = MISSING
+
+
+@dataclass
+class OptimizerExtras:
+    """The template's own keys of an `optimizer` node (any class's arguments besides), taken
+    out before the class sees them (`build.optimizer`)."""
+
+    decay_biases_and_norms: bool = True  # false: no weight decay on biases and norm weights
+    lr_scale_biases_and_norms: float = 1.0  # their learning rate, as a multiple of lr
 
 
 @dataclass
@@ -185,3 +198,23 @@ def register() -> None:
     store.store(group="schema", name="bench", node=BenchConfig, package="_global_")
     launch.register_resolvers()
     OmegaConf.register_new_resolver("record_subdir", record_subdir, replace=True)
+
+
+def declared_defaults() -> dict[str, Any]:
+    """Dotted key -> the value a schema declares for it, for every section's key that has one
+    (and the optimizer's extras): what a recorded config that lacks the key means."""
+    sections = {
+        item.name: _SECTIONS[item.type] for item in fields(Config) if item.type in _SECTIONS
+    }
+    sections["optimizer"] = OptimizerExtras
+    return {
+        f"{section}.{item.name}": item.default
+        for section, schema in sections.items()
+        for item in fields(schema)
+        if item.default not in (MISSING, dataclasses.MISSING) and "Config" not in str(item.type)
+    }
+
+
+_SECTIONS = {schema.__name__: schema for schema in (SeedConfig, CudnnConfig, DataLoaderConfig,
+             MemoryFormatConfig, AmpConfig, DataConfig, AugmentConfig, TrainerConfig,
+             LoggerConfig)}  # fmt: skip

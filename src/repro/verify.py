@@ -99,7 +99,7 @@ def _recorded_config(
     recorded = resume.upgrade(recorded)  # what would be built, checked
     trust_check(recorded, resolved, trust)
     cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), recorded)
-    resume.fill_added(cfg)  # recorded before some keys existed
+    resume.fill_declared(cfg)  # recorded before some keys existed
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"
     cfg.trainer.halt_at_step = steps

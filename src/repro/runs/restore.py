@@ -70,7 +70,7 @@ def restore(
     stored = resume.upgrade(watched_only(state["config"]))  # what would be built, checked
     trust_check(stored, ckpt, trust)
     cfg = OmegaConf.create(stored)
-    resume.fill_added(cfg)  # a checkpoint written before some keys existed
+    resume.fill_declared(cfg)  # a checkpoint written before some keys existed
     if data_root is not None:
         cfg.data.root = data_root
     device = select_device(device_name)

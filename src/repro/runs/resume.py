@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from repro import config
+from repro import config, schema
 from repro.data.datasets import Splits
 from repro.errors import CheckpointError
 from repro.runs import checkpoint
@@ -41,19 +41,9 @@ MAY_CHANGE = (
     "data.download",
 )
 
-# Keys added since checkpoint format 3 came out, with the value that does what runs did
-# before the key existed: a checkpoint whose config lacks one resumes under that value (and
-# a config of the user's without one, such as an optimizer file, means that value too).
-ADDED = {
-    "augment.cutout": 0,
-    "augment.flip": "random",
-    "augment.crop_padding_mode": "zeros",
-    "trainer.tta": "none",
-    "optimizer.decay_biases_and_norms": True,
-    "optimizer.lr_scale_biases_and_norms": 1.0,
-    "trainer.init_weights": None,
-    "trainer.profile_steps": None,
-}
+# A key a recorded config lacks (added since it was written) means what the schema declares
+# for it: the behaviour before the key existed (`schema.declared_defaults`).
+DECLARED = schema.declared_defaults()
 
 
 # What a config recorded before the `objective` group existed trained with: cross-entropy, its
@@ -94,9 +84,9 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
 INFERRED = ("data.num_classes", "model.num_classes")
 
 
-def fill_added(cfg: DictConfig) -> None:
-    """Give a config recorded before some keys existed their old behaviour's values."""
-    for key, value in ADDED.items():
+def fill_declared(cfg: DictConfig) -> None:
+    """Give a config recorded before some keys existed their declared (old behaviour) values."""
+    for key, value in DECLARED.items():
         section, name = key.rsplit(".", 1)
         node = OmegaConf.select(cfg, section)
         if node is not None and (name not in node or OmegaConf.is_missing(node, name)):
@@ -172,8 +162,8 @@ def check_compatible(state: dict[str, Any], cfg: DictConfig, resolved: dict[str,
 
 
 def _check_config(saved: dict[str, Any], cfg: DictConfig, classes: int | None) -> None:
-    now = ADDED | config.flatten(OmegaConf.to_container(cfg, resolve=True))
-    before = ADDED | config.flatten(upgrade(saved))
+    now = DECLARED | config.flatten(OmegaConf.to_container(cfg, resolve=True))
+    before = DECLARED | config.flatten(upgrade(saved))
     # Left to the data (null) now, stored as the count it inferred by a checkpoint written
     # before inferred values stayed out of the config: the same request.
     for key in INFERRED:
