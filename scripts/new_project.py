@@ -38,6 +38,7 @@ LEFT_OUT_BY_MINIMAL = (
     f"src/{OLD}/recipes/", "benchmarks/", "conf/suite/", "conf/bench.yaml",
     "conf/model/whitened_cnn.yaml", "conf/model/resnet9.yaml",
     "conf/experiment/cifar10_airbench.yaml", "conf/experiment/cifar10_speedrun.yaml",
+    "conf/components/lookahead.yaml",
     "tests/test_recipe_", "tests/test_bench.py", "scripts/gpu_figures.sh",
     "scripts/device_batch_cost.py", "docs/benchmarks.md",
 )  # fmt: skip

@@ -38,7 +38,6 @@ REFUSED = {
         ["objective.label_smoothing=1.5"],
         ["objective.label_smoothing=1.5", "in [0, 1)"],
     ),
-    "an average that never moves": (["trainer.ema_decay=1.0"], ["trainer.ema_decay=1.0", "(0, 1)"]),
     "a component that is no class": (
         ["+components.slow=5"],
         ["components.slow=5", "a class given by _target_"],

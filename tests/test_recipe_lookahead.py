@@ -123,5 +123,5 @@ def test_a_checkpoint_from_before_components_resumes_its_lookahead(tmp_path):
     from repro.callbacks import Callbacks
 
     fresh = Lookahead(model(), 10, every=3)
-    Callbacks(components={"lookahead": fresh}).load_parts({"lookahead": written.state_dict()})
+    Callbacks(components={"lookahead": fresh}).load_components({"lookahead": written.state_dict()})
     assert all(torch.equal(a, b) for a, b in zip(fresh.slow, written.slow, strict=True))

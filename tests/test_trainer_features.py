@@ -1,23 +1,21 @@
-"""Best checkpoint, test after training, early stopping, EMA and gradient accumulation."""
+"""Best checkpoint, test after training, early stopping and gradient accumulation."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import signal
 import time
 
 import pytest
 import torch
 
 from repro import evaluate
-from repro.components.ema import WeightAverage
 from repro.engine.evaluation import evaluate as evaluate_batches
 from repro.engine.evaluation import predict
 from repro.engine.loop import Trainer
 from repro.errors import ConfigError
 
-from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
+from conftest import compose_config, tiny, train_in_process
 
 TWO_EPOCHS = tiny("trainer.epochs=2", "trainer.eval_every_steps=2")
 
@@ -67,41 +65,12 @@ def test_without_test_after_fit_the_test_split_is_left_alone(tmp_path):
     assert summary["completed"] and "test_acc" not in summary and "test_weights" not in summary
 
 
-def test_ema_follows_the_weights_with_one_multi_tensor_update():
-    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
-    average = WeightAverage(model, decay=0.75)
-    before = [p.clone() for p in average.model.parameters()]
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(1.0)
-    model(torch.randn(4, 3))  # BatchNorm's running statistics and step count move
-    average.update()
-    for old, new, current in zip(
-        before, average.model.parameters(), model.parameters(), strict=True
-    ):
-        assert torch.allclose(new, 0.75 * old + 0.25 * current)
-    assert average.model[1].num_batches_tracked == model[1].num_batches_tracked == 1
-    assert torch.allclose(average.model[1].running_mean, 0.25 * model[1].running_mean)
-
-
-def test_ema_is_evaluated_beside_the_weights_and_can_be_tested(tmp_path):
-    summary = train_in_process(
-        tmp_path, *TWO_EPOCHS, "trainer.ema_decay=0.9", "trainer.test_weights=ema",
-        "trainer.monitor=ema_val_acc",
-    )  # fmt: skip
-    evaluations = rows(tmp_path)
-    assert all(row["ema_val_acc"] != "" for row in evaluations)
-    assert any(row["ema_val_acc"] != row["val_acc"] for row in evaluations)
-    assert summary["test_weights"] == "ema" and "best_ema_val_acc" in summary
-
-
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
         (["trainer.test_weights=ema"], "trainer.test_weights"),
         (["trainer.monitor=val_ac"], "trainer.monitor"),
         (["trainer.accumulate_steps=3"], "trainer.accumulate_steps"),
-        (["trainer.ema_decay=1.5"], "trainer.ema_decay"),
         (["trainer.monitor_mode=up"], "trainer.monitor_mode"),
         (["trainer.test_weights=first"], "trainer.test_weights"),
         (["trainer.patience=0"], "trainer.patience"),
@@ -148,38 +117,13 @@ def test_accumulating_two_half_batches_is_one_batch_up_to_rounding(tmp_path):
     assert halves["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-4)
 
 
-EMA_ACCUMULATE = tiny(
-    "trainer.epochs=2", "trainer.checkpoint_every_steps=4", "trainer.ema_decay=0.99",
-    "trainer.accumulate_steps=2",
-)  # fmt: skip
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("workers", [0, 2])
-def test_ema_and_accumulation_resume_exactly_after_a_kill(workers, tmp_path):
-    command = [*EMA_ACCUMULATE, f"dataloader.num_workers={workers}"]
-    straight = run_cli("repro.train", *command, f"hydra.run.dir={tmp_path / 'straight'}")
-    assert straight.returncode == 0, straight.stderr
-    run_dir = tmp_path / "killed"
-    killed = run_cli(
-        "repro.train", *command, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:9"}
-    )
-    assert killed.returncode == -signal.SIGKILL
-    resumed = run_cli("repro.train", *command, f"hydra.run.dir={run_dir}")
-    assert resumed.returncode == 0, resumed.stderr
-    expected, summary = read_summary(tmp_path / "straight"), read_summary(run_dir)
-    assert summary["resumed_from_step"] == 8
-    assert summary["weights_sha256"] == expected["weights_sha256"]
-    for key in ("best_val_acc", "best_step", "test_acc", "ema_val_acc"):
-        assert summary[key] == expected[key], key
-
-
 def test_the_new_keys_compose_from_the_defaults():
     trainer = compose_config().trainer
     assert (trainer.monitor, trainer.monitor_mode, trainer.test_weights) == (
         "val_acc", "max", "best"
     )  # fmt: skip
-    assert trainer.test_after_fit and trainer.accumulate_steps == 1 and trainer.ema_decay is None
+    assert trainer.test_after_fit and trainer.accumulate_steps == 1
+    assert compose_config().components == {}  # no weight average, no lookahead
 
 
 def test_flip_averaging_evaluates_each_image_and_its_mirror_image():

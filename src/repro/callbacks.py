@@ -66,22 +66,18 @@ class Callback:
 
 
 class Callbacks:
-    """A run's callbacks by name, called in order: first the `parts` (the weight average)
-    and the config's `components` (lookahead): their state must be in the checkpoint a run
-    resumes from; then the `named` ones (what only watches: the template's progress bar,
+    """A run's callbacks by name, called in order: first the config's `components` (the
+    weight average, lookahead): their state must be in the checkpoint a run resumes from;
+    then the `named` ones (what only watches: the template's progress bar,
     profiler and sync debugging, and the config's `callbacks`). Each hook calls only those
     that have it, so an unused hook costs the loop next to nothing. One that is a context
     manager is entered when the loop starts and left when it stops, with its error if any."""
 
     def __init__(
-        self,
-        named: dict[str, Any] | None = None,
-        parts: dict[str, Any] | None = None,
-        components: dict[str, Any] | None = None,
+        self, named: dict[str, Any] | None = None, components: dict[str, Any] | None = None
     ) -> None:
-        self.parts, self.named = dict(parts or {}), dict(named or {})
-        self.components = dict(components or {})
-        everyone = [*self.parts.values(), *self.components.values(), *self.named.values()]
+        self.named, self.components = dict(named or {}), dict(components or {})
+        everyone = [*self.components.values(), *self.named.values()]
         self._hooked = {
             hook: [getattr(callback, hook) for callback in everyone if hasattr(callback, hook)]
             for hook in HOOKS
@@ -89,8 +85,8 @@ class Callbacks:
         self._managers = [callback for callback in everyone if hasattr(callback, "__enter__")]
 
     def get(self, name: str) -> Any:
-        """The part or callback of that name, or None."""
-        return self.parts.get(name, self.components.get(name, self.named.get(name)))
+        """The component or callback of that name, or None."""
+        return self.components.get(name, self.named.get(name))
 
     @contextlib.contextmanager
     def running(self, loop: Any) -> Iterator[None]:
@@ -111,7 +107,7 @@ class Callbacks:
             call(loop)
 
     def extra_metrics(self, loop: Any) -> dict[str, float]:
-        """Columns the parts add to an evaluation's row (the weight average's `ema_val_...`)."""
+        """Columns the components add to an evaluation's row (the average's `ema_val_...`)."""
         extra: dict[str, float] = {}
         for call in self._hooked["extra_metrics"]:
             extra |= call(loop)
@@ -146,25 +142,17 @@ class Callbacks:
             else:
                 log.info("callbacks.%s: no state in the checkpoint; it starts afresh", name)
 
-    def parts_state(self) -> dict[str, Any]:
-        """The parts' states, each a top-level entry of a checkpoint under its name, and the
-        components' under `components`."""
-        found = {name: part.state_dict() for name, part in self.parts.items()}
-        if self.components:
-            found["components"] = {
-                name: component.state_dict() for name, component in self.components.items()
-            }
-        return found
+    def components_state(self) -> dict[str, Any]:
+        """The components' states by name (a checkpoint's `components` entry)."""
+        return {name: component.state_dict() for name, component in self.components.items()}
 
-    def load_parts(self, state: dict[str, Any]) -> None:
-        """The parts' and components' states: one the checkpoint lacks cannot be resumed."""
-        for name, part in self.parts.items():
-            if state.get(name) is None:
-                raise CheckpointError(f"the checkpoint holds no {name} state to resume")
-            part.load_state_dict(state[name])
+    def load_components(self, state: dict[str, Any]) -> None:
+        """Each component's state: one the checkpoint lacks cannot be resumed. A checkpoint
+        written before components held the average and lookahead top-level, as `ema` and
+        `lookahead`."""
         saved = state.get("components") or {}
         for name, component in self.components.items():
-            found = saved.get(name, state.get(name))  # top-level: lookahead, before components
+            found = saved.get(name, state.get(name))
             if found is None:
                 raise CheckpointError(f"the checkpoint holds no components.{name} state to resume")
             try:
@@ -174,16 +162,13 @@ class Callbacks:
 
 
 def build(
-    nodes: Any,
-    builtin: dict[str, Any] | None = None,
-    parts: dict[str, Any] | None = None,
-    components: dict[str, Any] | None = None,
+    nodes: Any, builtin: dict[str, Any] | None = None, components: dict[str, Any] | None = None
 ) -> Callbacks:
-    """The template's `builtin` watchers and `parts`, then `cfg.callbacks`: name -> a node with
+    """The template's `builtin` watchers, then `cfg.callbacks`: name -> a node with
     a `_target_` (a null node is left out, so that `callbacks.NAME=null` turns one off)."""
     built = dict(builtin or {})
     built |= _instantiated("callbacks", nodes)
-    return Callbacks(built, parts, components)
+    return Callbacks(built, components)
 
 
 def build_components(nodes: Any, model: Any, total_steps: int) -> dict[str, Any]:

@@ -71,7 +71,6 @@ MINIMUM = {
 BETWEEN = {
     "scheduler.warmup": ("[0, 1)", True),
     "objective.label_smoothing": ("[0, 1)", False),
-    "trainer.ema_decay": ("(0, 1)", True),
     "data.fraction": ("(0, 1]", False),
 }
 
@@ -181,7 +180,7 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
         )
     if cfg.seed.value is not None and cfg.seed.value < 0:
         raise ConfigError("seed.value", cfg.seed.value, "an integer >= 0")
-    _check_trainer_extras(cfg.trainer)
+    _check_trainer_extras(cfg.trainer, cfg.get("components"))
     augment = cfg.get("augment")
     if cfg.trainer.world_invariant and augment and (augment.mixup_alpha or augment.cutmix_alpha):
         allowed = (
@@ -219,7 +218,7 @@ def _check_plugged_in(group: str, nodes: Any) -> None:
 MONITORED = ("val_", "ema_val_")  # an evaluation's columns: the accuracy and the objective's terms
 
 
-def _check_trainer_extras(trainer: DictConfig) -> None:
+def _check_trainer_extras(trainer: DictConfig, components: Any) -> None:
     """Best-checkpoint, EMA and accumulation settings that must agree with each
     other or lie in a range."""
     if not str(trainer.monitor).startswith(MONITORED):
@@ -228,9 +227,10 @@ def _check_trainer_extras(trainer: DictConfig) -> None:
         )
         raise ConfigError("trainer.monitor", trainer.monitor, allowed)
     uses_ema = trainer.monitor.startswith("ema_") or trainer.test_weights == "ema"
-    if trainer.ema_decay is None and uses_ema:
+    if uses_ema and (components or {}).get("ema") is None:
         key = "trainer.monitor" if trainer.monitor.startswith("ema_") else "trainer.test_weights"
-        raise ConfigError(key, trainer.get(key.split(".")[1]), "needs trainer.ema_decay set")
+        needs = "needs a weight average: +components=ema"
+        raise ConfigError(key, trainer.get(key.split(".")[1]), needs)
     if trainer.world_invariant:
         _check_world_invariant(trainer)
     window = trainer.profile_steps

@@ -115,7 +115,6 @@ class TrainerConfig:
     monitor: str = MISSING
     monitor_mode: str = MISSING  # max | min
     patience: Optional[int] = MISSING
-    ema_decay: Optional[float] = MISSING
     accumulate_steps: int = MISSING
     test_after_fit: bool = MISSING
     test_weights: str = MISSING  # best | last | ema

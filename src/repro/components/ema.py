@@ -1,4 +1,4 @@
-"""An exponential moving average of a model's weights (`trainer.ema_decay`).
+"""An exponential moving average of a model's weights: `+components=ema` (conf/components/).
 
 A copy of the model whose floating-point parameters and buffers move towards the trained
 model's after every optimizer step, `ema = decay * ema + (1 - decay) * weights`, in a few
@@ -19,7 +19,9 @@ from repro.engine.evaluation import evaluation_columns
 
 
 class WeightAverage:
-    def __init__(self, model: nn.Module, decay: float) -> None:
+    def __init__(self, model: nn.Module, total_steps: int = 0, decay: float = 0.999) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay < 1:
+            raise ValueError(f"decay={decay!r}: allowed: a number in (0, 1)")
         self.decay = float(decay)
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
         self._pairs = _floating_pairs(self.model, model)
@@ -37,7 +39,7 @@ class WeightAverage:
         for mine, theirs in self._counts:
             mine.copy_(theirs)
 
-    # ---- as a part of the loop (repro.callbacks) ---------------------------------------
+    # ---- as a component of the loop (repro.callbacks) ----------------------------------
 
     def after_step(self, loop: Any) -> None:
         self.update()

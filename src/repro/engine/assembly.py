@@ -17,7 +17,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from repro import build, callbacks
-from repro.components.ema import WeightAverage
 from repro.data.datasets import Splits
 from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
@@ -163,17 +162,9 @@ def trainer(
         callbacks=callbacks.build(
             cfg.get("callbacks"),
             builtin,
-            _parts(cfg.trainer, parts),
             callbacks.build_components(cfg.get("components"), parts.model, parts.total_steps),
         ),
     )
-
-
-def _parts(trainer: Any, parts: Parts) -> dict[str, Any]:
-    """The template's optional part that keeps state beside the model: the weight average."""
-    if trainer.ema_decay is None:
-        return {}
-    return {"ema": WeightAverage(parts.model, trainer.ema_decay)}
 
 
 def _invariant_step(cfg: Any, knobs: Knobs, parts: Parts, objective: Any) -> InvariantStep:

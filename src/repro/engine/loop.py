@@ -83,7 +83,7 @@ class Trainer:
             "last_eval": dict(run.last_eval),
             "best": vars(run.best).copy(),
             "stopped_early": run.stopped_early,
-            **self.callbacks.parts_state(),  # ema: top-level, as ever; the components
+            "components": self.callbacks.components_state(),  # the average, lookahead
             "rng": self._rng_states(),
             "callbacks": self.callbacks.state_dict(),
             **self.extra_state,
@@ -106,7 +106,7 @@ class Trainer:
             best=Best(**state.get("best", {})),
             stopped_early=bool(state.get("stopped_early", False)),
         )
-        self.callbacks.load_parts(state)
+        self.callbacks.load_components(state)
         self.callbacks.load_state_dict(state.get("callbacks") or {})
         if self.settings.world_invariant:  # nothing depends on the world size: rank 0's will do
             restore_rng(state["rng"][0], self.device)

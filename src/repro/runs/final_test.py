@@ -45,7 +45,7 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
 def _weights(which: str, trainer: Trainer) -> tuple[str, nn.Module]:
     if which == "ema":
         average = trainer.callbacks.get("ema")
-        assert average is not None  # config.validate requires trainer.ema_decay
+        assert average is not None  # config.validate requires components.ema
         return which, average.model
     if which == "last":
         return which, trainer.model

@@ -55,6 +55,7 @@ MOVED = {
     "repro.models.resnet9.ResNet9": "repro.recipes.resnet9.ResNet9",
 }
 LOOKAHEAD = "repro.recipes.lookahead.Lookahead"  # once `trainer.lookahead_every` and its kin
+AVERAGE = "repro.components.ema.WeightAverage"  # once `trainer.ema_decay`
 
 
 def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
@@ -71,12 +72,18 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
     if model.get("_target_") in MOVED:
         model["_target_"] = MOVED[model["_target_"]]
     trainer = upgraded.get("trainer", {})
+    components: dict[str, Any] = {}  # in the order they acted: the average, then lookahead
+    if trainer.get("ema_decay") is not None:
+        components["ema"] = {"_target_": AVERAGE, "decay": trainer["ema_decay"]}
+    trainer.pop("ema_decay", None)
     if "lookahead_every" in trainer:
         every = trainer.pop("lookahead_every")
         decay, ramp = trainer.pop("lookahead_decay", 0.5), trainer.pop("lookahead_ramp", "constant")
         if every is not None:
             lookahead = {"_target_": LOOKAHEAD, "every": every, "decay": decay, "ramp": ramp}
-            upgraded.setdefault("components", {})["lookahead"] = lookahead
+            components["lookahead"] = lookahead
+    if components:
+        upgraded["components"] = {**components, **upgraded.get("components", {})}
     return upgraded
 
 
