@@ -166,7 +166,7 @@ def test_a_callback_with_state_writes_the_same_files_after_a_kill_and_resume(pro
 
     killed = tmp_path / "killed"
     args = [*RUN, CONFUSION, f"hydra.run.dir={killed}"]
-    done = run(project, *args, env={"REPRO_FAULT".replace("REPRO", NAME.upper()): "step:10"})
+    done = run(project, *args, env={f"{NAME.upper()}_FAULT": "step:10"})
     assert done.returncode == -9, done.stderr[
         -2000:
     ]  # after step 6's evaluation, step 8's checkpoint
@@ -199,7 +199,7 @@ def test_a_numpy_dataset_trains_exactly_with_workers_and_after_a_kill(project, a
     assert workers["weights_sha256"] == straight["weights_sha256"]
 
     killed = tmp_path / "killed"
-    fault = {"REPRO_FAULT".replace("REPRO", NAME.upper()): "step:10"}
+    fault = {f"{NAME.upper()}_FAULT": "step:10"}
     done = run(project, *args, f"hydra.run.dir={killed}", env=fault)
     assert done.returncode == -9, done.stderr[-2000:]
     assert trained(project, killed, *args)["weights_sha256"] == straight["weights_sha256"]
