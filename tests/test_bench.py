@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from repro import config
 from repro.errors import ConfigError
 
-from conftest import CONF, compose_config, run_cli, tiny
+from conftest import CONF, ROOT, compose_config, run_cli, tiny
 
 KEYS = {"suite", "command", "date", "machine", "summary", "rows", "notes", "config"}
 
@@ -267,3 +270,22 @@ def test_the_bare_reference_makes_real_crops_and_flips():
     for image, index in zip(made, (4, 1), strict=True):
         crops = [padded[index, :, t : t + 8, x : x + 8] for t in range(5) for x in range(5)]
         assert any(torch.equal(image, c) or torch.equal(image, c.flip(-1)) for c in crops)
+
+
+def test_gpu_figures_runs_one_part_into_a_table_and_refuses_an_unknown_part(tmp_path):
+    """scripts/gpu_figures.sh: only the table comes back, headed by the commit and versions;
+    a part whose time is spent says so rather than overrunning the device call."""
+    script = ROOT / "scripts" / "gpu_figures.sh"
+    env = {**os.environ, "PYTHON": sys.executable, "COMMIT": "abc123", "PART_TIMEOUT": "0",
+           "SCRATCH": str(tmp_path / "scratch")}  # fmt: skip
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(script), "data", str(tmp_path), str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in out.iterdir()] == ["data.md"]
+    table = (out / "data.md").read_text()
+    assert "- commit: abc123" in table and f"torch {torch.__version__}" in table
+    assert "- data: not run (the part's time was spent)" in table
+    refused = subprocess.run(["bash", str(script), "all", str(tmp_path), str(out)], env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and "part=all is not one of" in refused.stderr

@@ -129,6 +129,7 @@ def test_the_int64_tensor_arithmetic_a_gpu_runs_equals_the_cpu_paths():
     assert as_int64.tolist() == exact == as_uint64.tolist()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_same_draws_on_a_gpu():
     indices = torch.arange(10_000)
@@ -138,6 +139,7 @@ def test_the_same_draws_on_a_gpu():
         assert torch.equal(on_cpu.bits(draw), on_gpu.bits(draw).cpu())
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_crop_flip_and_cutout_give_the_same_bytes_on_a_gpu():
     images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)

@@ -166,6 +166,7 @@ def test_cpu_normalisation_gives_one_ops_values_in_any_chunking(shape):
     assert torch.equal(normalised, torch.mul(images, prepare.scale).add_(prepare.shift))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefetcher_gives_the_same_batches_on_the_gpu():
     from repro.runtime.transfer import Prefetcher
@@ -199,6 +200,7 @@ def test_a_device_batch_costs_the_device_a_few_operations(flip, cutout, most):
     assert ops.count <= most
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("flip", ["random", "alternate"])
 def test_a_batch_made_on_the_gpu_is_the_hosts_to_the_byte(flip):
