@@ -12,7 +12,7 @@ from typing import Any
 
 from repro.errors import ConfigError
 
-SUITES = ("knobs", "overhead", "startup", "exactness", "data")
+SUITES = ("knobs", "overhead", "startup", "exactness", "data", "peers")
 
 
 # Per suite: the counts it reads and their least allowed value.
@@ -22,6 +22,7 @@ COUNTS = {
     "startup": {"repeats": 1},
     "exactness": {"steps": 3, "checkpoint_every_steps": 1, "timeout_s": 1},
     "data": {"batches": 1, "warmup_batches": 0, "repeats": 1},
+    "peers": {"seeds": 2, "timeout_s": 1},  # a spread needs two timed runs a side
 }
 GRID = {
     "memory_format": ("contiguous", "channels_last"),

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from repro import config
 from repro.errors import ConfigError
 
-from conftest import CONF, ROOT, compose_config, run_cli, tiny
+from conftest import CONF, ROOT, compose_config, make_image_tree, run_cli, tiny
 
 KEYS = {"suite", "command", "date", "machine", "summary", "rows", "notes", "config"}
 
@@ -289,3 +289,55 @@ def test_gpu_figures_runs_one_part_into_a_table_and_refuses_an_unknown_part(tmp_
     refused = subprocess.run(["bash", str(script), "all", str(tmp_path), str(out)], env=env,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert refused.returncode == 2 and "part=all is not one of" in refused.stderr
+
+
+def peers_tree(tmp_path):
+    """CIFAR-10's layout in little: train/ and test/ of 32 x 32 images."""
+    tree = make_image_tree(tmp_path / "images", 8, 4, side=32)
+    (tree / "val").rename(tree / "test")
+    return tree
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_peers_refuses_without_a_gpu_and_names_the_cpu_check(tmp_path):
+    tree = peers_tree(tmp_path)
+    done = run_cli("benchmarks", "suite=peers", "data=imagefolder", f"data.root={tree}",
+                   f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "suite.cpu=true" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.e2e
+def test_peers_in_cpu_mode_writes_airbenchs_files_and_runs_our_side(tmp_path):
+    from torchvision.io import decode_image
+
+    tree, run_dir = peers_tree(tmp_path), tmp_path / "run"
+    done = run_cli("benchmarks", "suite=peers", "suite.cpu=true", "data=imagefolder",
+                   f"data.root={tree}", "data.cache=memory", "data.val_size=6",
+                   f"hydra.run.dir={run_dir}",
+                   timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads((run_dir / "bench.json").read_text())
+    ours = [row for row in payload["rows"] if row["side"] == "ours"]
+    assert len(ours) == 1 and ours[0]["train_s"] > 0 and 0 <= ours[0]["test_acc"] <= 1
+    peers = [row for row in payload["rows"] if row["side"] != "ours"]
+    assert peers and all(row["note"].startswith("not run") for row in peers)
+    assert payload["summary"]["images"] == {"train": 24, "test": 12}
+    # The peer's files hold what the folder holds, in airbench's layout.
+    test = torch.load(run_dir / "peer_data" / "cifar10" / "test.pt", weights_only=True)
+    assert test["images"].dtype == torch.uint8 and test["images"].shape == (12, 32, 32, 3)
+    assert test["labels"].dtype == torch.int64 and test["classes"] == sorted(test["classes"])
+    first = sorted((tree / "test" / test["classes"][0]).iterdir())[0]
+    assert torch.equal(test["images"][0], decode_image(str(first))[:3].permute(1, 2, 0))
+    assert test["labels"].tolist() == sorted(test["labels"].tolist())
+
+
+def test_timms_rate_is_read_after_its_first_epoch():
+    from benchmarks.peers import timm_images_per_second
+
+    line = ("Train: {} [  {}/97 ( 10%)]  Loss: 2.30 (2.30)  Time: 0.250s, {:>7.2f}/s  "
+            "(0.260s, 1900.00/s)  LR: 1.000e-01  Data: 0.010 (0.012)")  # fmt: skip
+    log = "\n".join([line.format(0, 0, 100.0), line.format(1, 10, 2000.0),
+                     line.format(1, 20, 2100.0), line.format(1, 30, 2050.0)])  # fmt: skip
+    assert timm_images_per_second(log) == 2050.0
+    assert timm_images_per_second(line.format(0, 0, 100.0)) is None
