@@ -3,12 +3,15 @@ trained checkpoints that give PyTorch's logits on real images, and one-line refu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 
-import onnxruntime
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,8 +22,18 @@ from repro.export.command import export_checkpoint, main
 from repro.export.formats import ExportError
 from repro.runs.checkpoint import load
 from repro.runs.restore import restore
+from repro.runs.trust import UntrustedConfigError
 
-from conftest import IMAGEFOLDER, ROOT, TINY, make_image_tree, run_cli, tiny, train_in_process
+from conftest import (
+    IMAGEFOLDER,
+    ROOT,
+    TINY,
+    draw_shape,
+    make_image_tree,
+    run_cli,
+    tiny,
+    train_in_process,
+)
 
 # Small, quick runs of the larger models: 16x16 images, two steps, no test after training.
 QUICK = [
@@ -35,6 +48,12 @@ MODELS = {
     "timm": [*QUICK, "model=torchvision", "model._target_=timm.create_model",
              "+model.model_name=resnet18"],
 }  # fmt: skip
+# The `export` extra, which `make` installs: without it the ONNX tests are skipped.
+NEEDS_ONNX = pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("onnxruntime", "onnxscript")),
+    reason="onnxruntime and onnxscript (the export extra) are not installed",
+)
+DOCS = (ROOT / "docs" / "export.md").read_text()
 TRUSTED = {"small_cnn": False, "resnet18_cifar": False, "timm": True}  # timm: not in conf/ yet
 
 
@@ -66,14 +85,22 @@ def pytorch_logits(ckpt, trust=False, weights="model"):
     return pixels.float() / 255, logits
 
 
+def in_onnxruntime(path):
+    """The ONNX file run by onnxruntime on the CPU, as a function of a batch of images."""
+    import onnxruntime  # the export extra: tests that call this are marked NEEDS_ONNX
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+
+
 def assert_agree(got, expected):
     assert got.shape == expected.shape
-    assert (torch.as_tensor(got) - expected).abs().max() <= 1e-4 * max(1, expected.abs().max())
+    assert (got - expected).abs().max() <= 1e-4 * max(1, expected.abs().max())
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
 @pytest.mark.parametrize("name", list(MODELS))
-@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+@pytest.mark.parametrize("fmt", [pytest.param("onnx", marks=NEEDS_ONNX), "torchscript"])
 def test_the_exported_model_gives_pytorchs_logits_on_64_real_images(runs, name, fmt, tmp_path):
     run_dir = runs(name)
     out = tmp_path / "exported" / f"model.{fmt}"
@@ -83,11 +110,7 @@ def test_the_exported_model_gives_pytorchs_logits_on_64_real_images(runs, name, 
     assert parity["max_abs_diff"] <= parity["allowed"] == 1e-4 * max(1, parity["max_abs_logit"])
     # The file on disk, read back here, at batch sizes 1 and 17 (the batch axis is dynamic).
     images, expected = pytorch_logits(run_dir / "checkpoints" / "best.pt", TRUSTED[name])
-    if fmt == "onnx":
-        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-        exported = lambda batch: session.run(None, {"images": batch.numpy()})[0]  # noqa: E731
-    else:
-        exported = torch.jit.load(str(out))
+    exported = in_onnxruntime(out) if fmt == "onnx" else torch.jit.load(str(out))
     for size in (1, 17, 64):
         assert_agree(exported(images[:size]), expected[:size])
     sidecar = json.loads((tmp_path / "exported" / f"model.{fmt}.json").read_text())
@@ -103,13 +126,13 @@ def test_the_exported_model_gives_pytorchs_logits_on_64_real_images(runs, name, 
     assert sidecar["source"]["checkpoint"].endswith("checkpoints/best.pt")
 
 
+@NEEDS_ONNX
 def test_weights_ema_exports_the_average(runs, tmp_path):
     run_dir = runs("small_cnn")
     out = tmp_path / "ema.onnx"
     assert export_checkpoint(run_dir, "onnx", out, weights="ema")["weights"] == "ema"
-    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     images, average = pytorch_logits(run_dir / "checkpoints" / "best.pt", weights="ema")
-    got = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+    got = in_onnxruntime(out)(images)
     assert_agree(got, average)
     _, trained = pytorch_logits(run_dir / "checkpoints" / "best.pt")
     assert (got - trained).abs().max() > 1e-3  # the average, not the trained weights
@@ -130,6 +153,7 @@ def test_safetensors_holds_the_models_own_weights_bit_for_bit(runs, tmp_path):
     assert not record["normalisation"]["folded_in"] and record["normalisation"]["std"] == [0.25] * 3
 
 
+@NEEDS_ONNX
 def test_image_files_stand_in_for_data_that_is_not_here(tmp_path):
     tree = make_image_tree(tmp_path / "tree", 4)
     run_dir = tmp_path / "run"
@@ -148,6 +172,7 @@ def test_image_files_stand_in_for_data_that_is_not_here(tmp_path):
     assert record["normalisation"]["resize"] == 36 and record["output"]["shape"] == ["batch", 3]
 
 
+@NEEDS_ONNX
 def test_a_disagreement_beyond_the_tolerance_fails_and_leaves_nothing(runs, tmp_path):
     out = tmp_path / "new" / "folder" / "model.onnx"
     with pytest.raises(ExportError, match=r"disagrees with PyTorch.*tolerance=0 .*nothing written"):
@@ -155,12 +180,15 @@ def test_a_disagreement_beyond_the_tolerance_fails_and_leaves_nothing(runs, tmp_
     assert list(tmp_path.iterdir()) == []  # no file, no sidecar, no temporary, no folder
 
 
+@NEEDS_ONNX
 def test_a_model_onnx_cannot_express_is_one_error_naming_it_and_the_format(tmp_path):
     run_dir = tmp_path / "run"
     small = [o for o in tiny("trainer.max_steps=2") if not o.startswith("model.")]
     spectral = "model._target_=colleague_nets.spectral_net"
     train_in_process(run_dir, *small, "model=torchvision", spectral)
     out = tmp_path / "out" / "model.onnx"
+    with pytest.raises(UntrustedConfigError, match=r"colleague_nets.spectral_net"):
+        export_checkpoint(run_dir, "onnx", out)  # a colleague's code runs only with trust=true
     with pytest.raises(
         ExportError,
         match=r"model._target_='colleague_nets.spectral_net' cannot be exported as onnx \(.+\)",
@@ -179,6 +207,7 @@ def readme_command() -> str:
     return re.sub(r"=(\w+)\|[\w|]+", r"=\1", typed).strip()  # `a|b|c`: the first, a
 
 
+@NEEDS_ONNX
 @pytest.mark.e2e
 def test_the_readme_command_exports_and_a_mistake_is_one_line(runs, tmp_path):
     run_dir = runs("small_cnn")
@@ -189,6 +218,16 @@ def test_the_readme_command_exports_and_a_mistake_is_one_line(runs, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "onnx: " in done.stdout and "on 64 images, batch sizes 1, 17, 64" in done.stdout
     assert json.loads((tmp_path / "model.onnx.json").read_text())["parity"]["images"] == 64
+    # docs/export.md's consumer, with nothing of this repository: a class name for an image.
+    (snippet,) = re.findall(r"<!-- tested: export-consumer -->\n```python\n(.*?)```", DOCS, re.S)
+    draw_shape("circle", 32, 32, np.random.default_rng(0)).save(tmp_path / "image.png")
+    consumer = subprocess.run(
+        [sys.executable, "-I", "-c", snippet], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert consumer.returncode == 0, consumer.stderr
+    assert (
+        consumer.stdout.strip() in json.loads((tmp_path / "model.onnx.json").read_text())["classes"]
+    )
     bad = run_cli(*words, f"out={out}")
     assert (
         bad.returncode == 2
