@@ -163,8 +163,8 @@ def test_image_files_stand_in_for_data_that_is_not_here(tmp_path):
         export_checkpoint(run_dir, "onnx", tmp_path / "m.onnx")
     images = make_image_tree(tmp_path / "elsewhere", 3, side=40)  # 18 files, cut to 32x32
     record = export_checkpoint(run_dir, "onnx", tmp_path / "m.onnx", images=str(images))
-    assert record["parity"]["images"] == 18 and record["parity"]["batch_sizes"] == [1, 17, 18]
-    assert str(images) in record["parity"]["images_from"]
+    assert record["parity"]["images"] == 64 and record["parity"]["batch_sizes"] == [1, 17, 64]
+    assert record["parity"]["images_from"] == f"{images} (18 files), repeated to 64"
     assert record["classes"] == ["bar", "blank", "circle"] and record["input"]["shape"][2:] == [
         32,
         32,

@@ -97,14 +97,14 @@ def normalisation(run: Restored) -> dict[str, Any]:
 
 
 def real_images(run: Restored, folder: str | None) -> tuple[torch.Tensor, str]:
-    """Up to 64 uint8 images through the run's evaluation transform: the first of its
-    validation split, or of the image files under `folder`; and where they came from."""
+    """64 uint8 images through the run's evaluation transform: the first of its validation
+    split, or of the image files under `folder` (fewer are repeated); and where they came from."""
     cfg = run.cfg
     cfg.data.cache = "none"  # decode only the images used
     if folder is not None:
         paths = image_files(Path(folder))[:PARITY_IMAGES]
         cfg.data.resize = cfg.data.resize or cfg.data.image_size  # files come in any size
-        source, where = ImageFiles(paths, [0] * len(paths)), f"{len(paths)} files of {folder}"
+        source, where = ImageFiles(paths, [0] * len(paths)), f"{folder} ({len(paths)} files)"
         _, transform = build.pipelines(cfg)
     else:
         try:
@@ -115,7 +115,11 @@ def real_images(run: Restored, folder: str | None) -> tuple[torch.Tensor, str]:
         source, where = data.val, "the run's validation split"
         _, transform = build.pipelines(cfg, any_size=data.any_size)
     count = min(PARITY_IMAGES, len(source))
-    return torch.stack([transform(source[index][0], None) for index in range(count)]), where
+    pixels = torch.stack([transform(source[index][0], None) for index in range(count)])
+    if count < PARITY_IMAGES:  # repeated, so that every batch size is checked all the same
+        pixels = pixels.repeat(-(-PARITY_IMAGES // count), 1, 1, 1)[:PARITY_IMAGES]
+        where += f", repeated to {PARITY_IMAGES}"
+    return pixels, where
 
 
 @contextmanager
