@@ -1,5 +1,5 @@
-"""The shape of the code: a small core that imports neither the recipes nor the benchmarks,
-folders of a dozen modules at most, no import cycle, a loop of few fields."""
+"""The shape of the code: a small core that imports neither the recipes, the export command nor
+the benchmarks, folders of a dozen modules at most, no import cycle, a loop of few fields."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from conftest import ROOT, TINY
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "repro"
 NAME = PACKAGE.name
-AREAS = ("recipes",)  # inside the package, outside the core
+AREAS = ("recipes", "export")  # inside the package, outside the core: the core imports neither
 CORE_LINES = 6000
 FOLDER_MODULES = 12
 
