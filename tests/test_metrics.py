@@ -25,6 +25,7 @@ from repro.watch.scores import build_scores
 from conftest import compose_config, read_summary, run_cli, tiny, torchrun, train_in_process
 
 ALL = "metrics=[top5,f1,class_acc,confusion_matrix]"
+PRECISION = "torchmetrics.classification.MulticlassPrecision"
 CLASSES = 10
 
 
@@ -39,7 +40,10 @@ def numpy_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, object]:
     wrong_guesses, missed = confusion.sum(0) - hits, confusion.sum(1) - hits
     occurs = hits + wrong_guesses + missed > 0
     f1 = (2 * hits / (2 * hits + wrong_guesses + missed))[occurs].mean()
-    return {"top5": top5, "f1": f1, "class_acc": hits / confusion.sum(1), "confusion": confusion}
+    guessed = np.maximum(hits + wrong_guesses, 1)  # a class never predicted: precision 0
+    precision = (hits / guessed)[occurs].mean()
+    return {"top5": top5, "f1": f1, "class_acc": hits / confusion.sum(1), "confusion": confusion,
+            "precision": precision}  # fmt: skip
 
 
 def test_the_metrics_equal_numpy_on_the_same_predictions():
@@ -50,7 +54,9 @@ def test_the_metrics_equal_numpy_on_the_same_predictions():
     labels = torch.arange(103) % CLASSES  # every class occurs; a last batch of 23 images
     images = torch.randn(103, 16) + nn.functional.one_hot(labels, 16)
     batches = list(zip(images.split(40), labels.split(40), strict=True))
-    scores = build_scores(compose_config(ALL).metrics, CLASSES)
+    # Besides the options, any torchmetrics class whose states are counts, as a user adds one.
+    own = [f"+metrics.precision.{key}" for key in ("_target_=" + PRECISION, "average=macro")]
+    scores = build_scores(compose_config(ALL, *own).metrics, CLASSES)
 
     def one_pass():
         return evaluate(
@@ -64,6 +70,7 @@ def test_the_metrics_equal_numpy_on_the_same_predictions():
     assert result["confusion_matrix"] == expected["confusion"].tolist()
     assert result["top5"] == pytest.approx(expected["top5"], rel=1e-6)
     assert 0.2 < result["f1"] == pytest.approx(expected["f1"], rel=1e-6)
+    assert result["precision"] == pytest.approx(expected["precision"], rel=1e-6)
     per_class = [result[f"class_acc_{i}"] for i in range(CLASSES)]  # a number per class
     assert per_class == pytest.approx(expected["class_acc"].tolist(), rel=1e-6)
     assert result["acc"] == np.trace(expected["confusion"]) / len(labels)
