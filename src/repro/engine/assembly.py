@@ -37,6 +37,7 @@ from repro.runtime.precision import Precision
 from repro.watch import trackers
 from repro.watch.loggers import MetricsLog
 from repro.watch.profiling import watchers
+from repro.watch.scores import Scores, build_scores
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Parts:
     scheduler: Any
     total_steps: int
     initialised: dict[str, Any] | None = None  # trainer.init_weights: what was loaded
+    scores: Scores | None = None  # the `metrics` group's, for the data's classes
 
 
 def apply_knobs(cfg: Any, dist: distributed.Context) -> Knobs:
@@ -111,6 +113,7 @@ def build_parts(
         scheduler=scheduler,
         total_steps=total_steps,
         initialised=initialised,
+        scores=build_scores(cfg.get("metrics"), len(data.classes)),
     )
 
 
@@ -164,6 +167,7 @@ def trainer(
             builtin,
             callbacks.build_components(cfg.get("components"), parts.model, parts.total_steps),
         ),
+        scores=parts.scores,
     )
 
 
