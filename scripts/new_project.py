@@ -13,6 +13,7 @@ Standard library only, so any Python 3.10+ can run it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import keyword
 import os
 import re
@@ -172,6 +173,33 @@ def copy_project(name: str, dest: Path, minimal: bool = False) -> int:
     return len(files) + 1
 
 
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def format_code(dest: Path) -> str | None:
+    """Format the renamed Python files with the project's own ruff settings: a longer name
+    pushes lines past the line length, and `make lint` checks the format. Returns a note when
+    no ruff is at hand (it is in the dev extra: `make format` then does it)."""
+    folders = [
+        folder for folder in ("src", "tests", "scripts", "benchmarks") if (dest / folder).is_dir()
+    ]
+    # This interpreter's ruff first (the template's venv pins its version), then one on PATH.
+    found = shutil.which("ruff")
+    ruff = [sys.executable, "-m", "ruff"] if has_module("ruff") else [found or "ruff"]
+    try:
+        done = subprocess.run(
+            [*ruff, "format", "--quiet", *folders], cwd=dest, capture_output=True, text=True
+        )
+    except OSError:
+        done = None
+    if done is None or done.returncode != 0:
+        return (
+            "ruff was not found (it comes with `make setup`): run `make format` before `make lint`"
+        )
+    return None
+
+
 def initial_commit(dest: Path) -> None:
     """git init and one commit; an identity is supplied only where git has none."""
     git("init", "--quiet", cwd=dest)
@@ -200,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     count = copy_project(args.name, dest, args.minimal)
+    note = format_code(dest)
     try:
         initial_commit(dest)
     except (OSError, subprocess.CalledProcessError) as error:
@@ -207,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {count} files written to {dest}, but git failed: {detail}", file=sys.stderr)
         return 1
     print(f"{dest}: {count} files, package {args.name}, one commit; next: cd {dest} && make test")
+    if note:
+        print(f"note: {note}")
     return 0
 
 

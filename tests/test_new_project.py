@@ -218,3 +218,13 @@ def test_minimal_leaves_the_recipes_and_benchmarks_behind_and_its_tests_collect(
     layout = subprocess.run([*pytest_in, "tests/test_layout.py"], cwd=minimal, env=env,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert layout.returncode == 0, layout.stdout[-3000:]
+
+
+@pytest.mark.e2e
+def test_a_longer_name_still_passes_lint(project):
+    """The rename lengthens lines; the generated project is formatted with the template's
+    ruff settings, so its `make lint` (ruff check and ruff format --check) passes."""
+    for check in (["check"], ["format", "--check"]):
+        done = subprocess.run([sys.executable, "-m", "ruff", *check, "src", "tests", "scripts"],
+                              cwd=project, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:]

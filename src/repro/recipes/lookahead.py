@@ -1,7 +1,11 @@
 """Lookahead: slow weights that follow the trained ones in jumps; a component of the loop.
 
     components:
-      lookahead: {_target_: repro.recipes.lookahead.Lookahead, every: 5, decay: 0.774, ramp: cubic}
+      lookahead:
+        _target_: repro.recipes.lookahead.Lookahead
+        every: 5
+        decay: 0.774
+        ramp: cubic
 
 Every `every` optimizer steps, and at the run's last step, the slow copy of the model's
 floating-point parameters and buffers moves towards the trained ones,
