@@ -176,7 +176,7 @@ def _relaunch(recorded: dict[str, Any], folder: str, task: list[str], env: dict 
     replaced = ("hydra.mode", folder.split("=", 1)[0])
     hydra = [o for o in recorded["overrides"]["hydra"] if o.split("=", 1)[0] not in replaced]
     mode = ["--multirun"] if recorded["mode"] == "MULTIRUN" else []
-    arguments = [*mode, *hydra, folder, *task]
+    arguments = [*mode, f"--config-name={recorded['job']['config_name']}", *hydra, folder, *task]
     print(f"running: {shlex.join(['python', '-m', 'repro.train', *arguments])}", flush=True)
     cwd = Path(recorded["runtime"]["cwd"])
     command = [sys.executable, "-m", "repro.train", *arguments]
