@@ -86,7 +86,8 @@ def _train(
     run_history = history.RunHistory(run_dir)
     start_step = state["position"]["step"] if state else 0
     if dist.is_main:
-        run_history.begin(recorded, start_step, resume.provenance(state, run_dir))
+        env = environment.describe(knobs.device)
+        run_history.begin(recorded, start_step, resume.provenance(state, run_dir), env)
     trainer = None
     try:
         if dist.is_main:

@@ -4,8 +4,9 @@ Hydra writes the composed config to `.hydra/` before a job starts. The first att
 trains in a folder keeps that record for good: for any later attempt (a resume, an extension,
 a requeued SLURM job) `record_subdir` tells Hydra to write nothing, and the attempt's config
 and overrides go to `attempts/<n>/` instead. attempts.jsonl holds one line per attempt: its
-command line, start time, start step, end step, result, commit and (from a dirty
-tree) the source.patch that rebuilds its code.
+command line, start time, start step, end step, result, commit, environment (what
+summary.json's `env` holds, so that an attempt killed before its summary has one) and (from a
+dirty tree) the source.patch that rebuilds its code.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class RunHistory:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
-    def begin(self, cfg: DictConfig, start_step: int, resumed: dict[str, Any]) -> None:
+    def begin(self, cfg: DictConfig, start_step: int, resumed: dict[str, Any], env: dict) -> None:
         """Record this attempt before it writes anything else into the folder. An earlier
         attempt still `running` died without a word (this process owns the folder now)."""
         earlier = self.attempts()
@@ -116,6 +117,7 @@ class RunHistory:
             "overrides": overrides,
             "config": record,
             "git_commit": environment.git_commit(),
+            "env": env,  # environment.describe(): repro.resume compares it with its own
             "source_patch": str(patch_file.relative_to(self.run_dir)) if patch else None,
             "start_step": start_step,
             **resumed,  # the checkpoint it started from, and those it skipped

@@ -1,0 +1,258 @@
+"""Finish what a run or a sweep left undone: `python -m repro.resume PATH [force=true]`.
+
+A sweep folder (it holds Hydra's `multirun.yaml`): its jobs are Hydra's own expansion of the
+recorded overrides (the basic sweeper's grid, numbered as Hydra numbered it), so a job that
+never started is known too. The same multirun is launched again, into the same folder, with
+the same launcher and hash seed, from the same working directory: a complete job answers
+"already complete" and leaves its files as they were, a killed, stopped or failed one resumes
+exactly from its last checkpoint (`trainer.resume=auto`), one never started starts; then the
+sweep's report is written again. A run folder (`.hydra/hydra.yaml`): its last attempt's
+overrides run again in it. `multirun.yaml` and `.hydra/` stay the first command's record.
+
+Before anything runs, what each job recorded of its environment (every attempt's `env` in
+attempts.jsonl, else summary.json's: library versions, lock hash, commit, CPU, device) and the
+hash of its source.patch are compared with this checkout's; any difference is listed and the
+resume refused (exit 2) unless `force=true`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.files import write_text_atomic
+from repro.runs import run_lock
+from repro.runs.history import RunHistory
+from repro.sweeps import ERROR_FILE, report
+
+USAGE = "python -m repro.resume PATH [force=true]"
+SWEEP_RECORD = "multirun.yaml"
+COMPLETE = "complete"
+
+
+class Job(NamedTuple):
+    num: int  # Hydra's: the job's folder is named after it (hydra.sweep.subdir)
+    overrides: list[str]
+    folder: Path | None  # None: never started
+    state: str  # COMPLETE, or why not
+
+
+def job_state(folder: Path | None) -> str:
+    """`complete`, or why not: never started, killed, failed: ..., stopped by signal N."""
+    if folder is None:
+        return "never started"
+    if (folder / ERROR_FILE).is_file():
+        return f"failed: {(folder / ERROR_FILE).read_text().strip()}"
+    if _summary(folder).get("completed"):
+        return COMPLETE
+    attempts = RunHistory(folder).attempts()
+    ended = attempts[-1]["result"] if attempts else "running"
+    return "killed" if ended == "running" else ended  # a live run is refused before it runs
+
+
+def _summary(folder: Path) -> dict[str, Any]:
+    path = folder / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _hydra_record(folder: Path) -> dict[str, Any]:
+    return yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
+
+
+def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any]) -> list[Job]:
+    """Every job of the sweep whose hydra config is `recorded`, numbered as Hydra numbers them:
+    its overrides, as the basic sweeper expands the sweeper's `params` and the command line's,
+    and its folder (found by the number Hydra recorded there) if it started."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    sweeper = recorded["sweeper"]
+    if not sweeper["_target_"].endswith(".BasicSweeper"):
+        raise DataError(
+            f"{sweep_dir}: its sweeper is {sweeper['_target_']}, whose jobs depend on earlier "
+            "results; resume re-expands only the basic sweeper's grid: start the search again"
+        )
+    params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides([*params, *recorded["overrides"]["task"]])
+        (grid,) = BasicSweeper.split_arguments(parsed, None)
+    except HydraException as error:
+        raise DataError(f"{sweep_dir / SWEEP_RECORD}: cannot expand it: {error}") from None
+    folders = {}
+    for record in sweep_dir.glob("*/.hydra/hydra.yaml"):
+        folder = record.parents[1]
+        num = _hydra_record(folder)["job"]["num"]
+        if grid[num : num + 1] != [yaml.safe_load(record.with_name("overrides.yaml").read_text())]:
+            raise DataError(f"{folder}: not job {num} of {SWEEP_RECORD} (another sweep went here)")
+        folders[num] = folder
+    return [
+        Job(num, overrides, folders.get(num), job_state(folders.get(num)))
+        for num, overrides in enumerate(grid)
+    ]
+
+
+def _recorded_environment(folder: Path) -> dict[str, Any] | None:
+    """What `folder`'s last attempt recorded of its environment (summary.json's for attempts
+    made before attempts.jsonl held it), with its source patch's hash; None if nothing."""
+    attempts = RunHistory(folder).attempts()
+    last = attempts[-1] if attempts else {}
+    env = last.get("env") or _summary(folder).get("env") or {}
+    if not last and not env:
+        return None
+    patch = folder / (last.get("source_patch") or "-")
+    patch_text = patch.read_text() if patch.is_file() else None
+    commit = last.get("git_commit", env.get("git_commit"))
+    return {**env, "git_commit": commit, "source_patch_sha256": _digest(patch_text)}
+
+
+def _digest(text: str | None) -> str | None:
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if text else None
+
+
+def environment_changes(folders: list[Path]) -> list[str]:
+    """Each difference between what the folders recorded and this checkout, once."""
+    import torch
+
+    from repro.runtime import environment
+    from repro.runtime.devices import select_device
+    from repro.verify import environment_changes as changes
+
+    described: dict[str, dict[str, Any]] = {}  # device type -> this machine's description
+    lines: dict[str, None] = {}
+    for recorded in filter(None, map(_recorded_environment, folders)):
+        try:
+            device = select_device(recorded.get("device", "cpu"))
+        except ConfigError:  # a CUDA run, and no GPU here: the device differs
+            device = torch.device("cpu")
+        if device.type not in described:
+            described[device.type] = environment.describe(device)
+            described[device.type]["source_patch_sha256"] = _digest(environment.source_patch())
+        # The relaunch uses the recorded hash seed, and its launcher divides the threads again.
+        now = described[device.type] | {
+            k: recorded.get(k) for k in ("pythonhashseed", "num_threads")
+        }
+        lines |= dict.fromkeys(changes(recorded, {k: v for k, v in now.items() if k in recorded}))
+    return list(lines)
+
+
+def _before_running(path: Path, recorded: list[Path], unfinished: list[Path], force: bool) -> None:
+    """Refuse (one line) a changed environment unless `force`, listing what changed first;
+    then, with the run lock's message, a folder a live process trains in. The lock is taken
+    and let go: a dead owner's run.lock goes, as the next run there would remove it."""
+    from repro.runtime import distributed
+
+    changes = environment_changes(recorded)
+    for line in changes:
+        print(f"  {line}", file=sys.stderr)
+    if changes and not force:
+        raise UserError(
+            f"{path}: the code or environment differs from the one its runs recorded "
+            f"({len(changes)} differences, listed above): resuming would mix the two; to "
+            "resume anyway, add force=true"
+        )
+    for folder in unfinished:
+        with run_lock.owned(folder, distributed.from_environment()):
+            pass
+
+
+def _relaunch(recorded: dict[str, Any], folder: str, task: list[str], env: dict | None) -> int:
+    """`python -m repro.train` into the same output folder (`folder`: `hydra.run.dir=...` or
+    `hydra.sweep.dir=...`) with the recorded hydra overrides (the launcher and its settings) and
+    the `task` overrides, from the recorded working directory, with the recorded hash seed; its
+    output goes straight to ours. Returns its exit status, as a shell would."""
+    child_env = dict(os.environ)
+    if env and env.get("pythonhashseed") is not None:
+        child_env["PYTHONHASHSEED"] = str(env["pythonhashseed"])
+    replaced = ("hydra.mode", folder.split("=", 1)[0])
+    hydra = [o for o in recorded["overrides"]["hydra"] if o.split("=", 1)[0] not in replaced]
+    mode = ["--multirun"] if recorded["mode"] == "MULTIRUN" else []
+    arguments = [*mode, f"--config-name={recorded['job']['config_name']}", *hydra, folder, *task]
+    print(f"running: {shlex.join(['python', '-m', 'repro.train', *arguments])}", flush=True)
+    cwd = Path(recorded["runtime"]["cwd"])
+    command = [sys.executable, "-m", "repro.train", *arguments]
+    done = subprocess.run(command, cwd=cwd if cwd.is_dir() else None, env=child_env, check=False)
+    return done.returncode if done.returncode >= 0 else 128 - done.returncode
+
+
+def resume_sweep(sweep_dir: Path, force: bool) -> int:
+    record = sweep_dir / SWEEP_RECORD
+    first_record = record.read_text()
+    recorded = yaml.safe_load(first_record)["hydra"]
+    jobs = sweep_jobs(sweep_dir, recorded)
+    todo = [job for job in jobs if job.state != COMPLETE]
+    if not todo:
+        report.write(report.build(sweep_dir))
+        print(f"complete: all {len(jobs)} jobs of {sweep_dir} are done; report rewritten")
+        return 0
+    with_records = sorted(p.parent for p in sweep_dir.glob("*/attempts.jsonl"))
+    started = [job.folder for job in todo if job.folder is not None]
+    _before_running(sweep_dir, with_records, started, force)
+    shared = set.intersection(*(set(job.overrides) for job in jobs))
+    print(f"{sweep_dir}: {len(jobs) - len(todo)} of {len(jobs)} jobs complete; to run:")
+    for job in todo:
+        own = " ".join(o for o in job.overrides if o not in shared)
+        print(f"  job {job.num} ({job.state}): {own}")
+    for folder in started:  # its line is in its train.log too; a new failure writes it again
+        (folder / ERROR_FILE).unlink(missing_ok=True)
+    env = next(filter(None, map(_recorded_environment, with_records)), None)
+    folder = f"hydra.sweep.dir={sweep_dir.absolute()}"
+    returncode = _relaunch(recorded, folder, recorded["overrides"]["task"], env)
+    write_text_atomic(record, first_record)  # Hydra wrote the relaunch's over the sweep's own
+    if returncode != 0:  # the multirun did not get to write the report
+        report.write(report.build(sweep_dir))
+    return returncode
+
+
+def resume_run(run_dir: Path, force: bool) -> int:
+    recorded = _hydra_record(run_dir)
+    if recorded["mode"] == "MULTIRUN":
+        raise DataError(
+            f"{run_dir} is job {recorded['job']['num']} of a sweep: resume the sweep, which "
+            f"runs it with the sweep's launcher (python -m repro.resume {run_dir.parent})"
+        )
+    summary = _summary(run_dir)
+    if summary.get("completed"):
+        print(f"complete: {run_dir} holds all {summary['step']} steps; nothing to do")
+        return 0
+    _before_running(run_dir, [run_dir], [run_dir], force)
+    attempts = RunHistory(run_dir).attempts()  # the last one's overrides: an extension's too
+    task = attempts[-1]["overrides"] if attempts else recorded["overrides"]["task"]
+    folder = f"hydra.run.dir={run_dir.absolute()}"
+    return _relaunch(recorded, folder, task, _recorded_environment(run_dir))
+
+
+def main(argv: list[str]) -> None:
+    try:
+        if not argv or "=" in argv[0]:
+            raise ConfigError("PATH", None, f"usage: {USAGE}")
+        path, force = Path(argv[0]), False
+        for arg in argv[1:]:
+            if arg not in ("force=true", "force=false"):
+                raise ConfigError(arg.partition("=")[0], arg.partition("=")[2], USAGE)
+            force = arg == "force=true"
+        if (path / SWEEP_RECORD).is_file():
+            returncode = resume_sweep(path, force)
+        elif (path / ".hydra" / "hydra.yaml").is_file():
+            returncode = resume_run(path, force)
+        else:
+            raise DataError(
+                f"{path}: neither a sweep folder (no {SWEEP_RECORD}) nor a run folder (no "
+                ".hydra/hydra.yaml)"
+            )
+    except UserError as error:
+        exit_with(error)
+    raise SystemExit(returncode)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

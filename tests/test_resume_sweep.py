@@ -1,0 +1,166 @@
+"""`python -m repro.resume PATH`: a killed sweep or run finished exactly, complete jobs left
+byte for byte as they were, a changed environment refused unless forced, wrong paths one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro import resume
+
+from conftest import TINY, read_summary, run_cli, train_in_process
+
+# Tiny runs with a checkpoint every other step; one thread, as a joblib job of a sweep gets.
+BASE = [o for o in TINY if not o.startswith("trainer.epochs=")] + [
+    "trainer.num_threads=1",
+    "trainer.checkpoint_every_steps=2",
+]
+# Jobs 0 and 1 train 6 steps, jobs 2 and 3 twelve, one after another in the sweep's process
+# (n_jobs=1): a SIGKILL after step 9 ends the sweep with jobs 0 and 1 done, job 2 killed after
+# its step-8 checkpoint, job 3 never started.
+GRID = [(f"trainer.epochs={epochs}", f"seed={seed}") for epochs in (1, 2) for seed in (0, 1)]
+KILL_JOB_2 = {"REPRO_FAULT": "step:9"}
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def attempts(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+
+
+def edit_recorded_env(run_dir: Path, key: str, value: str) -> None:
+    """Pretend the folder's last attempt ran elsewhere: `key` of its recorded environment."""
+    lines = attempts(run_dir)
+    lines[-1]["env"][key] = value
+    (run_dir / "attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in lines))
+
+
+def resume_in_process(*args: str) -> int:
+    with pytest.raises(SystemExit) as done:
+        resume.main([*args])
+    return done.value.code
+
+
+@pytest.mark.e2e
+def test_a_killed_sweep_is_finished_exactly_and_its_complete_jobs_are_untouched(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    command = ["-m", "trainer.epochs=1,2", "seed=0,1", "hydra/launcher=joblib",
+               "hydra.launcher.n_jobs=1", *BASE, f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    killed = run_cli("repro.train", *command, env=KILL_JOB_2)
+    assert killed.returncode == -9, killed.stderr
+    assert [read_summary(sweep / str(n))["completed"] for n in (0, 1)] == [True, True]
+    assert not (sweep / "2" / "summary.json").exists()
+    assert (sweep / "2" / "checkpoints" / "last.pt").exists() and not (sweep / "3").exists()
+    complete = {n: file_hashes(sweep / str(n)) for n in (0, 1)}
+
+    # A changed environment (here: job 2's recorded torch) is listed, and nothing runs.
+    copy = tmp_path / "copy"
+    shutil.copytree(sweep, copy)
+    edit_recorded_env(copy / "2", "torch", "0.0.0-recorded")
+    before = file_hashes(copy)
+    assert resume_in_process(str(copy)) == 2
+    err = capsys.readouterr().err
+    assert "torch: '0.0.0-recorded' recorded" in err
+    (error,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "force=true" in error
+    assert file_hashes(copy) == before
+
+    done = run_cli("repro.resume", str(sweep))
+    assert done.returncode == 0, done.stderr
+    assert "job 2 (killed)" in done.stdout and "job 3 (never started)" in done.stdout
+    assert {n: file_hashes(sweep / str(n)) for n in (0, 1)} == complete
+    (first, second) = attempts(sweep / "2")
+    assert first["result"].startswith("died") and second["resumed_from"] == "checkpoints/last.pt"
+    assert second["start_step"] == 8 and second["result"] == "completed"
+
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [job["status"] for job in jobs] == ["ok"] * 4
+    for number, job in enumerate(jobs):  # each as the same job of an uninterrupted sweep
+        alone = train_in_process(tmp_path / f"alone-{number}", *BASE, *GRID[number])
+        assert job["weights_sha256"] == alone["weights_sha256"]
+
+    assert resume_in_process(str(sweep)) == 0
+    assert "complete: all 4 jobs" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+def test_a_killed_run_resumes_from_its_checkpoint_once_a_changed_environment_is_forced(
+    tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    run = [*BASE, "trainer.epochs=1"]
+    killed = run_cli("repro.train", *run, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:3"})
+    assert killed.returncode == -9, killed.stderr
+    edit_recorded_env(run_dir, "uv_lock_sha256", "0" * 64)
+    assert resume_in_process(str(run_dir)) == 2
+    assert f"uv_lock_sha256: '{'0' * 64}' recorded" in capsys.readouterr().err
+
+    assert resume_in_process(str(run_dir), "force=true") == 0  # the training's exit status
+    assert attempts(run_dir)[-1]["start_step"] == 2
+    alone = train_in_process(tmp_path / "alone", *run)
+    assert read_summary(run_dir)["weights_sha256"] == alone["weights_sha256"]
+    assert resume_in_process(str(run_dir)) == 0
+    assert "complete: " in capsys.readouterr().out
+
+
+def hydra_record(folder: Path, mode: str) -> Path:
+    """A run folder's .hydra/hydra.yaml as Hydra writes it, reduced to what resume reads."""
+    (folder / ".hydra").mkdir(parents=True)
+    record = {"mode": mode, "job": {"num": 2}, "overrides": {"hydra": [], "task": []}}
+    (folder / ".hydra" / "hydra.yaml").write_text(json.dumps({"hydra": record}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda tmp: tmp / "missing", "neither a sweep folder"),
+        (lambda tmp: tmp, "neither a sweep folder"),
+        (lambda tmp: hydra_record(tmp / "sweep" / "2", "MULTIRUN"), "is job 2 of a sweep"),
+    ],
+)
+def test_a_folder_that_is_no_run_or_a_sweeps_job_gets_one_line(tmp_path, capsys, make, expected):
+    assert resume_in_process(str(make(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err
+
+
+def test_a_wrong_option_gets_one_line(tmp_path, capsys):
+    assert resume_in_process(str(tmp_path), "force=yes") == 2
+    assert capsys.readouterr().err.startswith("error: force='yes' is not allowed")
+
+
+def test_a_folder_a_live_run_owns_is_refused_with_the_lock_message(tmp_path, capsys):
+    run_dir = hydra_record(tmp_path / "run", "RUN")
+    holder = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        'os.write(fd, b\'{"pid": 1, "host": "elsewhere", "since": "now"}\')\n'
+        "print('locked', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    lock = str(run_dir / "run.lock")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", holder, lock], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout.readline().strip() == "locked"
+        assert resume_in_process(str(run_dir)) == 2
+    finally:
+        owner.kill()
+        owner.wait()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "in use by a live run (pid 1 on elsewhere" in err
