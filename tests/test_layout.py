@@ -22,7 +22,11 @@ from conftest import ROOT, TINY
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "repro"
 NAME = PACKAGE.name
-AREAS = ("recipes", "export")  # inside the package, outside the core: the core imports neither
+AREAS = (
+    "recipes",
+    "export",
+    "resume",
+)  # inside the package, outside the core: the core imports neither
 CORE_LINES = 6000
 FOLDER_MODULES = 12
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import resume
+from repro.resume import command as resume
 
 from conftest import TINY, read_summary, run_cli, train_in_process
 

@@ -252,7 +252,3 @@ def main(argv: list[str]) -> None:
     except UserError as error:
         exit_with(error)
     raise SystemExit(returncode)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
