@@ -189,7 +189,10 @@ def format_code(dest: Path) -> str | None:
     ruff = [sys.executable, "-m", "ruff"] if has_module("ruff") else [found or "ruff"]
     try:
         done = subprocess.run(
-            [*ruff, "format", "--quiet", *folders], cwd=dest, capture_output=True, text=True
+            [*ruff, "format", "--quiet", "--no-cache", *folders],
+            cwd=dest,
+            capture_output=True,
+            text=True,
         )
     except OSError:
         done = None

@@ -222,7 +222,7 @@ def announce(worker_id):
 batches = iter(DataLoader(
     Large(), batch_size=4, num_workers=2, worker_init_fn=announce, collate_fn=np.stack
 ))
-next(batches)
+next(batches), next(batches)  # batch 1 comes from worker 1: both have announced themselves
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
