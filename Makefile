@@ -4,7 +4,7 @@ UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 RUN := $(UV) run --locked --extra dev --extra launchers --extra trackers --extra export
 ARGS ?=
 
-.PHONY: help setup train test test-all mutants lint format sweep train-ddp bench clean
+.PHONY: help setup train test test-all verify-previous mutants lint format sweep train-ddp bench clean
 
 help:
 	@echo "make train   - train the default model on the built-in synthetic data (ARGS='key=value ...')"
@@ -12,6 +12,7 @@ help:
 	@echo "make sweep   - 5 seeds of the default config in parallel, then their statistics"
 	@echo "make train-ddp - the default run as 2 DistributedDataParallel processes (torchrun)"
 	@echo "make bench   - speed or exactness on this machine: ARGS='suite=knobs|overhead|startup|exactness [overrides]'"
+	@echo "make verify-previous - train a short config here and at the previous commit: identical?"
 	@echo "make lint    - ruff lint and format check"
 	@echo "make mutants - apply one known bug at a time and check that the tests catch each"
 
@@ -36,6 +37,18 @@ test: setup
 
 test-all: setup
 	$(RUN) $(PYTEST) $(ARGS)
+
+# CI's check that a commit changed no result (docs/reproducibility.md): a short run here and at
+# HEAD~1, compared step by step. A commit meant to change results says [changes results] in its
+# message (or, for a merge, one of the merged commits does): the difference is then printed and
+# the target passes. Nothing to compare on a first commit.
+verify-previous: setup
+	@if ! git rev-parse --quiet --verify HEAD~1 >/dev/null; then \
+		echo "verify-previous: no previous commit to compare with"; exit 0; fi; \
+	$(RUN) python -m repro.verify --against HEAD~1 $(ARGS); status=$$?; \
+	if [ $$status = 1 ] && git log --format=%B HEAD~1..HEAD | grep -qF "[changes results]"; then \
+		echo "verify-previous: results changed, as the commit message says"; status=0; fi; \
+	exit $$status
 
 # Not part of `make test`: minutes, for whoever changes a promise or the tests that guard it.
 mutants: setup

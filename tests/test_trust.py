@@ -15,7 +15,7 @@ from repro.evaluate import evaluate_checkpoint
 from repro.predict import predict_files
 from repro.runs import checkpoint, trust
 from repro.runs.trust import UntrustedConfigError
-from repro.verify import verify
+from repro.verify.command import verify
 
 from conftest import CONF, ROOT, compose_config, make_image_tree, run_cli, tiny, train_in_process
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from repro import verify
 from repro.engine.loop import Trainer
 from repro.runtime import threads
+from repro.verify import command as verify
 
 from conftest import run_cli, tiny, train_in_process
 

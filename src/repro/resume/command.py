@@ -125,7 +125,7 @@ def environment_changes(folders: list[Path]) -> list[str]:
 
     from repro.runtime import environment
     from repro.runtime.devices import select_device
-    from repro.verify import environment_changes as changes
+    from repro.verify.command import environment_changes as changes
 
     described: dict[str, dict[str, Any]] = {}  # device type -> this machine's description
     lines: dict[str, None] = {}

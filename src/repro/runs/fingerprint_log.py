@@ -2,7 +2,7 @@
 
 One line per optimizer step, no header: `step,loss,` with the loss as Python's `repr` of a
 float64 (full precision), and at every `logger.fingerprint_every_steps`-th step the SHA-256 of
-the weights in the third column.
+the weights in the third column. `first_divergence` names the first step two of them differ at.
 """
 
 from __future__ import annotations
@@ -51,3 +51,16 @@ class FingerprintLog:
             kept = [row for row in self.read() if row.step <= step]
             lines = (f"{row.step},{row.loss},{row.weights_sha256}\n" for row in kept)
             write_text_atomic(self.path, "".join(lines))
+
+
+def first_divergence(
+    recorded: list[Row], rerun: list[Row], names: tuple[str, str] = ("recorded", "now")
+) -> str | None:
+    """The first step whose loss or weights hash differs, as "step K: ...", naming each side."""
+    was, now = names
+    for (step, loss, digest), (_, new_loss, new_digest) in zip(recorded, rerun, strict=False):
+        if loss != new_loss:
+            return f"step {step}: loss {loss} {was}, {new_loss} {now}"
+        if digest and new_digest and digest != new_digest:
+            return f"step {step}: weights hash {digest[:16]} {was}, {new_digest[:16]} {now}"
+    return None

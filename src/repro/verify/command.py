@@ -13,14 +13,8 @@ refused before anything is built or imported, unless `trust=true` (see repro.run
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.runtime.launch import pin_hash_seed
-
-    pin_hash_seed("repro.verify")
-
 import json
 import logging
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +26,7 @@ from repro import build, config, schema
 from repro.data import fingerprint
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runs import resume
-from repro.runs.fingerprint_log import FingerprintLog, Row
+from repro.runs.fingerprint_log import FingerprintLog, first_divergence
 from repro.runs.trust import check as trust_check
 from repro.runs.trust import watched_only
 from repro.runtime import determinism, environment
@@ -52,15 +46,6 @@ class Verdict:
     @property
     def identical(self) -> bool:
         return self.divergence is None
-
-
-def first_divergence(recorded: list[Row], rerun: list[Row]) -> str | None:
-    for (step, loss, digest), (_, new_loss, new_digest) in zip(recorded, rerun, strict=False):
-        if loss != new_loss:
-            return f"step {step}: loss {loss} recorded, {new_loss} now"
-        if digest and new_digest and digest != new_digest:
-            return f"step {step}: weights hash {digest[:16]} recorded, {new_digest[:16]} now"
-    return None
 
 
 def environment_changes(recorded: dict, current: dict) -> list[str]:
@@ -191,7 +176,3 @@ def main(argv: list[str]) -> None:
         raise SystemExit(0)
     print(f"diverged at {verdict.divergence}")
     raise SystemExit(1)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
