@@ -147,7 +147,9 @@ class WandbConfig:
 
 @dataclass
 class LoggerConfig:
-    tensorboard: bool = MISSING
+    # Declared here, not in csv.yaml: with `logger=[tensorboard,mlflow]`, mlflow's csv base
+    # would set it back to false.
+    tensorboard: bool = False
     fingerprint_every_steps: int = MISSING
     progress: str = MISSING  # auto | on | off
     plot: bool = MISSING

@@ -196,8 +196,11 @@ class Trainer:
     # ---- bookkeeping -------------------------------------------------------------------
 
     def flush_losses(self) -> None:
-        """Write the pending per-step losses to the fingerprint log; stop on a non-finite one."""
-        self.losses.flush(self.state.position, self.model)
+        """Write the pending per-step losses to the fingerprint log and the trackers; stop on
+        a non-finite one."""
+        values = self.losses.flush(self.state.position, self.model)
+        if values and self.dist.is_main:
+            self.outputs.metrics.losses(self.state.position.step - len(values) + 1, values)
 
     @record_function("checkpoint")  # marked in a trace of trainer.profile_steps
     def checkpoint(self) -> None:

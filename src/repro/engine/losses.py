@@ -41,12 +41,12 @@ class PendingLosses:
     def append(self, terms: dict[str, torch.Tensor]) -> None:
         self.pending.append(terms)
 
-    def flush(self, position: Position, model: nn.Module) -> None:
+    def flush(self, position: Position, model: nn.Module) -> list[float]:
         """Write the pending losses, which end at `position.step`, and add them to its sums;
         a weights hash goes with a step on the hashing cadence. A non-finite loss stops the
-        run, naming its step."""
+        run, naming its step. Returns the losses written (none: nothing was pending)."""
         if not self.pending:
-            return
+            return []
         names = [TOTAL, *(name for name in self.pending[0] if name != TOTAL)]
         stacked = torch.stack([torch.stack([terms[n] for terms in self.pending]) for n in names])
         stacked = stacked.double()
@@ -71,3 +71,4 @@ class PendingLosses:
         for name, term in zip(names[1:], others, strict=True):
             position.term_sums[name] = position.term_sums.get(name, 0.0) + sum(term)
         self.pending.clear()
+        return values

@@ -13,7 +13,8 @@ log = logging.getLogger(__name__)
 
 
 class SweepReport(Callback):
-    """After the last job: sweep_summary.{json,csv,md} and sweep.png, and the table printed."""
+    """After the last job: sweep_summary.{json,csv,md} and sweep.png, and the table printed;
+    with logger=mlflow, they go to the sweep's MLflow run, which is then finished."""
 
     failed_jobs = 0  # read by repro.train to exit non-zero once the whole sweep is done
 
@@ -26,6 +27,12 @@ class SweepReport(Callback):
             return
         report.write(built)
         print(report.markdown(built), flush=True)
+        try:  # the report is written: a tracker that fails now costs only its copy
+            from repro.watch import trackers
+
+            trackers.end_sweep(config, sweep_dir)
+        except Exception as error:
+            log.warning("the sweep's MLflow run was not finished: %s", error)
         failed = [job for job in built.jobs if not job.ok]
         SweepReport.failed_jobs = len(failed)
         if failed:

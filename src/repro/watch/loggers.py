@@ -16,6 +16,7 @@ from repro.files import atomic_path, complete_lines, write_text_atomic, writing
 # average's results) follows them as `name value`.
 LOGGED = {"epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "images_per_s"}
 LOGGED |= {"data_wait_frac", "train_s"}
+STEP_LOSS = "train_loss_step"  # every step's training loss, for TensorBoard and the trackers
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,15 @@ class MetricsLog:
             100 * values["data_wait_frac"],
             f" | {others}" if others else "",
         )
+
+    def losses(self, first_step: int, values: list[float]) -> None:
+        """The training loss of steps `first_step`, `first_step + 1`, ... (a flush of the
+        per-step losses): one call to each tracker."""
+        if self.writer is not None:
+            for offset, value in enumerate(values):
+                self.writer.add_scalar(STEP_LOSS, value, first_step + offset)
+        for tracker in self.trackers:
+            tracker.losses(first_step, values)
 
     def _header(self) -> list[str]:
         """The columns of the metrics.csv a resumed run goes on writing."""
