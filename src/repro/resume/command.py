@@ -80,7 +80,8 @@ def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any]) -> list[Job]:
     if not sweeper["_target_"].endswith(".BasicSweeper"):
         raise DataError(
             f"{sweep_dir}: its sweeper is {sweeper['_target_']}, whose jobs depend on earlier "
-            "results; resume re-expands only the basic sweeper's grid: start the search again"
+            "results; resume re-expands only the basic sweeper's grid: run the search's command "
+            "again (hydra/sweeper=optuna_study continues its study)"
         )
     params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
     try:

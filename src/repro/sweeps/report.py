@@ -2,7 +2,8 @@
 
 A group is the set of a job's overrides other than the seed, minus those shared by every job
 (so `-m seed=0,1,2 amp=off,bf16` gives the groups `amp=off` and `amp=bf16`). Failed jobs are
-listed with their error line and left out of the statistics.
+listed with their error line and left out of the statistics, and so are jobs an Optuna search
+pruned (their summary says `pruned`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ class Job:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def counted(self) -> bool:
+        """Finished and not pruned: in the statistics."""
+        return self.ok and not (self.summary or {}).get("pruned")
+
+    @property
+    def status(self) -> str:
+        """ok, pruned or failed."""
+        return "failed" if not self.ok else "ok" if self.counted else "pruned"
 
 
 @dataclass
@@ -101,7 +112,7 @@ def build(sweep_dir: Path) -> Report:
     report = Report(sweep_dir, jobs, metrics=metrics_of(jobs))
     values: dict[str, dict[str, list[float]]] = {}
     for job in report.jobs:
-        if job.ok and job.summary is not None:
+        if job.counted and job.summary is not None:
             group = values.setdefault(job.group, {m: [] for m in report.metrics})
             for metric in report.metrics:
                 if job.summary.get(metric) is not None:
@@ -121,8 +132,10 @@ def _fmt(x: float, digits: int = 4) -> str:
 
 def markdown(report: Report) -> str:
     lines = [f"# Sweep report: {report.sweep_dir}", ""]
-    ok = sum(job.ok for job in report.jobs)
-    lines += [f"{len(report.jobs)} jobs, {ok} finished, {len(report.jobs) - ok} failed.", ""]
+    counted, failed = sum(j.counted for j in report.jobs), sum(not j.ok for j in report.jobs)
+    pruned = len(report.jobs) - counted - failed  # said only where a search pruned some
+    said = f"{len(report.jobs)} jobs, {counted} finished, {failed} failed"
+    lines += [said + (f", {pruned} pruned." if pruned else "."), ""]
     lines += ["## Groups (95% confidence intervals, t distribution)", ""]
     lines += [
         "| group | metric | n | mean | std | min | max | 95% CI |",
@@ -150,7 +163,8 @@ def markdown(report: Report) -> str:
     lines += ["|---|---|---|---|---|---|---|"]
     for job in report.jobs:
         s = job.summary or {}
-        status = "ok" if job.ok else f"FAILED: {job.error}"
+        status = {"ok": "ok", "pruned": f"pruned at step {s.get('step')}"}.get(job.status)
+        status = status or f"FAILED: {job.error}"
         sha = s.get("weights_sha256", "")[:16]
         seed, acc, test = s.get("seed", ""), _fmt(s.get("val_acc")), _fmt(s.get("test_acc"))
         lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {test} | {sha} | {status} |")
@@ -163,7 +177,7 @@ def _job_row(job: Job, metrics: list[str]) -> dict[str, Any]:
         "job": job.name,
         "group": job.group,
         "overrides": job.overrides,
-        "status": "ok" if job.ok else "failed",
+        "status": job.status,
         "error": job.error,
         "seed": summary.get("seed"),
         "weights_sha256": summary.get("weights_sha256"),
@@ -202,7 +216,7 @@ def plot(report: Report, out: Path) -> None:
     names = list(report.groups)
     figure, axis = plt.subplots(figsize=(max(4, 1.6 * len(names) + 2), 4))
     for x, name in enumerate(names):
-        accs = [j.summary["val_acc"] for j in report.jobs if j.ok and j.summary and j.group == name]
+        accs = [j.summary["val_acc"] for j in report.jobs if j.counted and j.group == name]
         axis.scatter([x] * len(accs), accs, color="tab:blue", alpha=0.6)
         s = report.groups[name]["val_acc"]
         if not math.isnan(s["ci_low"]):
