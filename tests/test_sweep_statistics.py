@@ -222,8 +222,11 @@ def test_identical_configs_spend_the_budget_unresolved_and_a_larger_budget_goes_
         *ADAPTIVE, *tiny("trainer.num_threads=1", "dataloader.num_workers=1"),
         "logger.progress=off,auto", f"hydra.sweep.dir={sweep_dir}",
     ]  # fmt: skip
-    done = run_cli("repro.train", *command, "hydra.sweeper.budget=2")
+    named = "hydra.callbacks.sweep_report.metrics=[best_val_acc]"  # a number to summarise too
+    done = run_cli("repro.train", *command, "hydra.sweeper.budget=2", named)
     assert done.returncode == 0, done.stderr[-3000:]
+    groups = json.loads((sweep_dir / "sweep_summary.json").read_text())["groups"]
+    assert groups["logger.progress=off"]["best_val_acc"]["count"] == 2
     decision = json.loads((sweep_dir / "adaptive_seeds.json").read_text())
     assert not decision["resolved"] and decision["seeds"] == 2
     assert decision["why"].startswith("not resolved: the budget of 2 seeds per config is spent")
