@@ -55,7 +55,10 @@ def test_the_package_is_renamed_everywhere(project):
     }
     assert {path: found for path, found in left.items() if found} == {}
     pyproject = (project / "pyproject.toml").read_text()
-    assert f'name = "{NAME}"' in pyproject and f'packages = ["src/{NAME}"]' in pyproject
+    assert (
+        f'name = "{NAME}"' in pyproject
+        and f'packages = ["src/{NAME}", "src/hydra_plugins"]' in pyproject
+    )
     normalised = NAME.replace("_", "-")  # as uv writes it
     assert f'name = "{normalised}"' in (project / "uv.lock").read_text()
     assert f"_target_: {NAME}.models" in (project / "conf" / "model" / "small_cnn.yaml").read_text()

@@ -1,8 +1,9 @@
-"""Rebuild a sweep's report: `python -m repro.report SWEEP_DIR`.
+"""Rebuild a sweep's report: `python -m repro.report SWEEP_DIR [METRIC ...]`.
 
 Works on a finished sweep, one whose jobs partly failed, or one still running (jobs without a
 summary are listed as not finished). Writes sweep_summary.{json,csv,md} and sweep.png into
-SWEEP_DIR and prints the markdown table.
+SWEEP_DIR and prints the markdown table. Each METRIC (a number in the jobs' summary.json, by name
+or dotted path: best_val_acc, env.num_threads) is summarised beside the usual ones.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from repro.sweeps import report
 
 def main(argv: list[str]) -> None:
     try:
-        if len(argv) != 1:
-            raise DataError("usage: python -m repro.report SWEEP_DIR")
-        sweep_dir = Path(argv[0])
-        built = report.build(sweep_dir)
+        if not argv:
+            raise DataError("usage: python -m repro.report SWEEP_DIR [METRIC ...]")
+        sweep_dir, metrics = Path(argv[0]), argv[1:]
+        built = report.build(sweep_dir, metrics)
         if not built.jobs:
             raise DataError(
                 f"{sweep_dir}: no sweep jobs found (looked for */.hydra/overrides.yaml)"
             )
+        for metric in metrics:
+            if not any(metric in group for group in built.groups.values()):
+                raise DataError(f"{metric}: no finished job's summary.json holds a number there")
     except UserError as error:
         exit_with(error)
     report.write(built)

@@ -18,11 +18,14 @@ class SweepReport(Callback):
 
     failed_jobs = 0  # read by repro.train to exit non-zero once the whole sweep is done
 
+    def __init__(self, metrics: list[str] | None = None) -> None:
+        self.metrics = list(metrics or [])  # more numbers to summarise (hydra.callbacks...)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from repro.sweeps import report
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        built = report.build(sweep_dir)
+        built = report.build(sweep_dir, self.metrics)
         if not built.jobs:
             return
         report.write(built)

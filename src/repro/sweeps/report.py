@@ -3,7 +3,8 @@
 A group is the set of a job's overrides other than the seed, minus those shared by every job
 (so `-m seed=0,1,2 amp=off,bf16` gives the groups `amp=off` and `amp=bf16`). Failed jobs are
 listed with their error line and left out of the statistics, and so are jobs an Optuna search
-pruned (their summary says `pruned`).
+pruned (their summary says `pruned`). Two groups that ran the same seeds are compared seed by
+seed (paired), others by Welch's interval (`compare`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import csv
 import io
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -20,13 +22,14 @@ from typing import Any
 import yaml
 
 from repro.files import write_text_atomic
-from repro.sweeps import ERROR_FILE
-from repro.sweeps.stats import difference_of_means, summarize
+from repro.sweeps import DECISION_FILE, ERROR_FILE
+from repro.sweeps.stats import difference_of_means, paired_difference, summarize
 from repro.watch.loggers import save_figure_atomic
 
 # The metrics shown first, in this order; test_acc and test_loss only where the jobs tested
 # after training (trainer.test_after_fit). Any other number a job's summary holds under one of
-# PREFIXES (an objective's term: val_logit_penalty ...) follows, in name order.
+# PREFIXES (an objective's term: val_logit_penalty ...) follows, in name order, then any other
+# number a summary holds that the user names (`python -m repro.report DIR best_val_acc`).
 METRICS = ("val_acc", "test_acc", "val_loss", "test_loss", "train_loss", "wall_s")
 PREFIXES = ("train_", "val_", "test_", "ema_val_")
 
@@ -61,19 +64,32 @@ class Report:
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     comparisons: list[dict[str, Any]] = field(default_factory=list)
     metrics: list[str] = field(default_factory=lambda: list(METRICS))
+    adaptive: dict[str, Any] | None = None  # the adaptive sweeper's decision, if it ran
 
 
-def metrics_of(jobs: list[Job]) -> list[str]:
+def number(summary: dict[str, Any], name: str) -> float | None:
+    """The number a summary holds under `name`, or under a dotted path (`env.num_threads`)."""
+    value: Any = summary.get(name)
+    if name not in summary:
+        value = summary
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if is_number else None
+
+
+def metrics_of(jobs: list[Job], named: Sequence[str] = ()) -> list[str]:
     """The metrics to summarise: METRICS, then every other number the jobs' summaries hold
-    under one of PREFIXES (columns come from the runs, not from a fixed list)."""
+    under one of PREFIXES (columns come from the runs, not from a fixed list), then `named`."""
     found = {
         key
         for job in jobs
-        for key, value in (job.summary or {}).items()
-        if key.startswith(PREFIXES) and isinstance(value, int | float)
-        and not isinstance(value, bool) and key not in METRICS
+        for key in (job.summary or {})
+        if key.startswith(PREFIXES) and number(job.summary, key) is not None
+        and key not in METRICS
     }  # fmt: skip
-    return [*METRICS, *sorted(found)]
+    listed = [*METRICS, *sorted(found)]
+    return listed + [name for name in dict.fromkeys(named) if name not in listed]
 
 
 def _is_seed(override: str) -> bool:
@@ -81,12 +97,13 @@ def _is_seed(override: str) -> bool:
     return key in ("seed", "seed.value")
 
 
-def _read_job(folder: Path) -> Job:
+def read_job(folder: Path) -> Job:
     overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
     summary_file, error_file = folder / "summary.json", folder / ERROR_FILE
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     error = None
-    if error_file.is_file():
+    # An error.txt older than the summary is a failed attempt that a later one made good.
+    if error_file.is_file() and not _newer(summary_file, error_file):
         error = error_file.read_text().strip().splitlines()[-1] if error_file.read_text() else "?"
     elif summary is None:
         error = "no summary.json (the job was killed or is still running)"
@@ -95,9 +112,13 @@ def _read_job(folder: Path) -> Job:
     return Job(folder.name, list(overrides), summary, error)
 
 
+def _newer(path: Path, than: Path) -> bool:
+    return path.is_file() and path.stat().st_mtime_ns > than.stat().st_mtime_ns
+
+
 def collect(sweep_dir: Path) -> list[Job]:
     folders = [p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")]
-    jobs = [_read_job(f) for f in sorted(folders, key=lambda p: (len(p.name), p.name))]
+    jobs = [read_job(f) for f in sorted(folders, key=lambda p: (len(p.name), p.name))]
     if not jobs:
         return jobs
     shared = set.intersection(*(set(j.overrides) for j in jobs))
@@ -107,23 +128,57 @@ def collect(sweep_dir: Path) -> list[Job]:
     return jobs
 
 
-def build(sweep_dir: Path) -> Report:
+def build(sweep_dir: Path, metrics: Sequence[str] = ()) -> Report:
+    """The report of the jobs in `sweep_dir`; `metrics`: numbers to summarise beyond the usual."""
     jobs = collect(sweep_dir)
-    report = Report(sweep_dir, jobs, metrics=metrics_of(jobs))
-    values: dict[str, dict[str, list[float]]] = {}
+    decision_file = sweep_dir / DECISION_FILE
+    adaptive = json.loads(decision_file.read_text()) if decision_file.is_file() else None
+    named = [*metrics, *([adaptive["metric"]] if adaptive else [])]
+    report = Report(sweep_dir, jobs, metrics=metrics_of(jobs, named), adaptive=adaptive)
+    values: dict[str, dict[str, list[tuple[Any, float]]]] = {}  # group, metric: (seed, value)s
     for job in report.jobs:
         if job.counted and job.summary is not None:
             group = values.setdefault(job.group, {m: [] for m in report.metrics})
             for metric in report.metrics:
-                if job.summary.get(metric) is not None:
-                    group[metric].append(float(job.summary[metric]))
-    for name, metrics in values.items():
-        report.groups[name] = {m: summarize(v).as_dict() for m, v in metrics.items() if v}
+                if (value := number(job.summary, metric)) is not None:
+                    group[metric].append((job.summary.get("seed"), value))
+    for name, by_metric in values.items():
+        report.groups[name] = {
+            m: summarize([value for _, value in pairs]).as_dict()
+            for m, pairs in by_metric.items()
+            if pairs
+        }
     for a, b in combinations(values, 2):
         both = [m for m in report.metrics if values[a][m] and values[b][m]]
-        differences = {m: difference_of_means(values[a][m], values[b][m]).as_dict() for m in both}
-        report.comparisons.append({"a": a, "b": b, **differences})
+        report.comparisons.append(
+            {"a": a, "b": b, **{m: compare(values[a][m], values[b][m]) for m in both}}
+        )
     return report
+
+
+def compare(a: list[tuple[Any, float]], b: list[tuple[Any, float]]) -> dict[str, Any]:
+    """b - a from (seed, value) pairs: Welch's interval, and where the groups share two seeds or
+    more, the paired one over those seeds, which is then the headline. A shared seed gives both
+    groups the same start (init, order, validation split): the per-seed difference cancels that
+    luck, where Welch's treats the groups as independent and keeps it in its wider interval."""
+    welch = difference_of_means([value for _, value in a], [value for _, value in b])
+    in_a, in_b = _by_seed(a), _by_seed(b)
+    shared = [seed for seed in in_a if seed in in_b]
+    if len(shared) < 2:
+        test, paired = "Welch: seeds not shared", None
+        return {**welch.as_dict(), "test": test, "paired": paired, "welch": welch.as_dict()}
+    paired = paired_difference([in_a[s] for s in shared], [in_b[s] for s in shared])
+    unmatched = len(a) + len(b) - 2 * len(shared)
+    test = f"paired: {len(shared)} shared seeds" + (
+        f" ({unmatched} unmatched jobs left out)" if unmatched else ""
+    )
+    return {**paired.as_dict(), "test": test, "paired": paired.as_dict(), "welch": welch.as_dict()}
+
+
+def _by_seed(pairs: list[tuple[Any, float]]) -> dict[Any, float]:
+    """seed -> value, for the seeds that occur once (a repeated seed has no single partner)."""
+    seeds = [seed for seed, _ in pairs]
+    return {seed: value for seed, value in pairs if seed is not None and seeds.count(seed) == 1}
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -136,6 +191,8 @@ def markdown(report: Report) -> str:
     pruned = len(report.jobs) - counted - failed  # said only where a search pruned some
     said = f"{len(report.jobs)} jobs, {counted} finished, {failed} failed"
     lines += [said + (f", {pruned} pruned." if pruned else "."), ""]
+    if report.adaptive:
+        lines += _adaptive_lines(report.adaptive)
     lines += ["## Groups (95% confidence intervals, t distribution)", ""]
     lines += [
         "| group | metric | n | mean | std | min | max | 95% CI |",
@@ -149,14 +206,16 @@ def markdown(report: Report) -> str:
                 f"{_fmt(s['min'])} | {_fmt(s['max'])} | {ci} |"
             )
     if report.comparisons:
-        lines += ["", "## Differences of means (b - a, Welch 95% CI)", ""]
-        lines += ["| a | b | metric | difference | 95% CI |", "|---|---|---|---|---|"]
+        lines += ["", "## Differences (b - a, 95% CI: paired over shared seeds, else Welch)", ""]
+        lines += ["| a | b | metric | difference | 95% CI | test | Welch 95% CI |"]
+        lines += ["|---|---|---|---|---|---|---|"]
         for comp in report.comparisons:
             for metric in (m for m in report.metrics if m in comp):
-                d = comp[metric]
-                ci = f"[{_fmt(d['ci_low'])}, {_fmt(d['ci_high'])}]"
+                d, w = comp[metric], comp[metric]["welch"]
+                cis = [f"[{_fmt(x['ci_low'])}, {_fmt(x['ci_high'])}]" for x in (d, w)]
                 lines.append(
-                    f"| {comp['a']} | {comp['b']} | {metric} | {_fmt(d['difference'])} | {ci} |"
+                    f"| {comp['a']} | {comp['b']} | {metric} | {_fmt(d['difference'])} | "
+                    f"{cis[0]} | {d['test']} | {cis[1]} |"
                 )
     lines += ["", "## Jobs", ""]
     lines += ["| job | group | seed | val_acc | test_acc | weights_sha256 | status |"]
@@ -169,6 +228,20 @@ def markdown(report: Report) -> str:
         seed, acc, test = s.get("seed", ""), _fmt(s.get("val_acc")), _fmt(s.get("test_acc"))
         lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {test} | {sha} | {status} |")
     return "\n".join(lines) + "\n"
+
+
+def _adaptive_lines(decision: dict[str, Any]) -> list[str]:
+    """The adaptive sweeper's answer and its looks (hydra_plugins.repro.adaptive_seeds)."""
+    level = f"{100 * decision['look_confidence']:.2f}%"
+    heading = (
+        f"## Adaptive seeds: {decision['metric']} of b = {decision['b']} vs a = {decision['a']}"
+    )
+    lines = [heading, "", decision["why"], ""]
+    lines += [f"| seeds | {decision['metric']}: b - a | {level} CI |", "|---|---|---|"]
+    for look in decision["looks"]:
+        ci = f"[{_fmt(look['ci_low'])}, {_fmt(look['ci_high'])}]"
+        lines.append(f"| {look['seeds']} | {_fmt(look['difference'])} | {ci} |")
+    return [*lines, ""]
 
 
 def _job_row(job: Job, metrics: list[str]) -> dict[str, Any]:
@@ -193,6 +266,7 @@ def write(report: Report) -> None:
         "jobs": [_job_row(job, report.metrics) for job in report.jobs],
         "groups": report.groups,
         "comparisons": report.comparisons,
+        "adaptive": report.adaptive,
     }
     write_text_atomic(folder / "sweep_summary.json", json.dumps(payload, indent=2) + "\n")
     columns = ["job", "group", "overrides", "status", "error", "seed", "weights_sha256"]

@@ -35,7 +35,8 @@ def summarize(values: list[float], confidence: float = 0.95) -> Summary:
 
 @dataclass
 class Difference:
-    """mean(b) - mean(a) with a Welch confidence interval (unequal variances)."""
+    """mean(b) - mean(a) with a confidence interval: Welch's (unequal variances) from
+    `difference_of_means`, or the paired one from `paired_difference`."""
 
     difference: float
     ci_low: float
@@ -57,3 +58,11 @@ def difference_of_means(a: list[float], b: list[float], confidence: float = 0.95
     dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     half = stats.t.ppf(0.5 + confidence / 2, dof) * se
     return Difference(diff, diff - half, diff + half, dof)
+
+
+def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) -> Difference:
+    """The mean of b[i] - a[i] over matched pairs (the same seed in both groups) with a t
+    interval of the per-pair differences: what the seed does to both cancels out."""
+    differences = [y - x for x, y in zip(a, b, strict=True)]
+    s = summarize(differences, confidence)
+    return Difference(s.mean, s.ci_low, s.ci_high, s.count - 1 if s.count > 1 else math.nan)

@@ -1,0 +1,1 @@
+"""repro's Hydra plugins: Hydra instantiates a sweeper only from the `hydra_plugins` namespace."""

@@ -1,0 +1,264 @@
+"""Statistics that use the sweep's design (paired over shared seeds, else Welch), any metric a run
+records, and the adaptive seed sweeper: it stops when the answer is clear or the budget is spent,
+and the same command continues where it stopped."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+from scipy import stats
+
+from hydra_plugins.repro.adaptive_seeds import AdaptiveSeeds, Rule, look
+from repro.errors import ConfigError, UserError
+from repro.sweeps import report
+from repro.sweeps.stats import difference_of_means, paired_difference
+
+from conftest import IMAGEFOLDER, make_image_tree, run_cli, tiny
+
+A = [0.912, 0.905, 0.921, 0.899, 0.915, 0.908]
+B = [0.925, 0.911, 0.934, 0.910, 0.921, 0.920]  # B[i] beats A[i] by about 0.01: a paired design
+
+
+@pytest.mark.parametrize("confidence", [0.95, 0.8])
+def test_paired_and_welch_intervals_equal_scipys(confidence):
+    paired = paired_difference(A, B, confidence)
+    expected = stats.ttest_rel(B, A).confidence_interval(confidence)
+    assert (paired.ci_low, paired.ci_high) == pytest.approx((expected.low, expected.high))
+    assert paired.dof == len(A) - 1
+    welch = difference_of_means(A, B[:4], confidence)
+    expected = stats.ttest_ind(B[:4], A, equal_var=False).confidence_interval(confidence)
+    assert (welch.ci_low, welch.ci_high) == pytest.approx((expected.low, expected.high))
+    # Pairing takes out what a seed does to both: here it resolves what Welch's cannot.
+    assert paired.ci_low > 0 > difference_of_means(A, B).ci_low
+
+
+def fake_job(sweep_dir, num, overrides, seed, **summary):
+    folder = sweep_dir / str(num)
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    values = {"val_acc": 0.5, "val_loss": 1.0, "train_loss": 1.0, "wall_s": 1.0, **summary}
+    (folder / "summary.json").write_text(json.dumps({**values, "seed": seed, "completed": True}))
+
+
+def test_the_report_pairs_groups_that_share_seeds_and_says_which_test_it_used(tmp_path):
+    for seed, (a, b) in enumerate(zip(A, B, strict=True)):
+        fake_job(tmp_path, 2 * seed, ["amp=off", f"seed.value={seed}"], seed, val_acc=a)
+        fake_job(tmp_path, 2 * seed + 1, ["amp=bf16", f"seed.value={seed}"], seed, val_acc=b)
+    for seed, c in enumerate([0.90, 0.93, 0.91], start=10):  # seeds no other group ran
+        fake_job(tmp_path, 20 + seed, ["amp=fp16", f"seed.value={seed}"], seed, val_acc=c)
+    comparisons = {(c["a"], c["b"]): c["val_acc"] for c in report.build(tmp_path).comparisons}
+
+    paired = comparisons["amp=off", "amp=bf16"]
+    assert paired["test"] == "paired: 6 shared seeds"
+    expected = stats.ttest_rel(B, A).confidence_interval()
+    assert (paired["ci_low"], paired["ci_high"]) == pytest.approx((expected.low, expected.high))
+    beside = stats.ttest_ind(B, A, equal_var=False).confidence_interval()
+    welch = paired["welch"]
+    assert (welch["ci_low"], welch["ci_high"]) == pytest.approx((beside.low, beside.high))
+
+    unpaired = comparisons["amp=off", "amp=fp16"]
+    assert unpaired["test"] == "Welch: seeds not shared" and unpaired["paired"] is None
+    text = report.markdown(report.build(tmp_path))
+    assert "| paired: 6 shared seeds |" in text and "| Welch: seeds not shared |" in text
+
+
+def test_a_failed_partner_leaves_its_seed_out_of_the_pairs(tmp_path):
+    for seed in range(3):
+        fake_job(tmp_path, 2 * seed, ["amp=off", f"seed.value={seed}"], seed, val_acc=A[seed])
+        fake_job(tmp_path, 2 * seed + 1, ["amp=bf16", f"seed.value={seed}"], seed, val_acc=B[seed])
+    (tmp_path / "5" / "summary.json").unlink()
+    (tmp_path / "5" / "error.txt").write_text("ConfigError: ...\n")
+    (comparison,) = report.build(tmp_path).comparisons
+    assert comparison["val_acc"]["test"] == "paired: 2 shared seeds (1 unmatched jobs left out)"
+    expected = stats.ttest_rel(B[:2], A[:2]).confidence_interval()
+    got = comparison["val_acc"]
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((expected.low, expected.high))
+
+
+@pytest.mark.e2e
+def test_any_number_a_run_records_can_be_summarised_by_name(tmp_path):
+    for seed in range(2):
+        fake_job(
+            tmp_path, seed, [f"seed.value={seed}"], seed,
+            best_val_acc=0.6 + seed / 10, calibration={"ece": 0.1 * (seed + 1)}, flag=True,
+        )  # fmt: skip
+    built = report.build(tmp_path, ["best_val_acc", "calibration.ece"])
+    group = built.groups["all"]
+    assert group["best_val_acc"]["mean"] == pytest.approx(0.65)
+    assert group["calibration.ece"]["mean"] == pytest.approx(0.15)
+    assert "best_val_acc" not in report.build(tmp_path).groups["all"]  # only when named
+    done = run_cli("repro.report", str(tmp_path), "best_val_acc", "flag")
+    assert done.returncode == 2 and "flag: no finished job's summary.json" in done.stderr
+    done = run_cli("repro.report", str(tmp_path), "calibration.ece")
+    assert done.returncode == 0 and "| all | calibration.ece | 2 |" in done.stdout
+
+
+def test_looks_fall_after_each_round_and_share_the_error_rate():
+    rule = Rule("val_acc", round=3, budget=10, target_width=None, confidence=0.95)
+    assert rule.looks() == [3, 6, 9, 10]
+    assert rule.look_confidence == pytest.approx(1 - 0.05 / 4)
+    assert Rule("val_acc", 1, 3, None, 0.9).look_confidence == pytest.approx(1 - 0.1 / 2)  # 2, 3
+    with pytest.raises(ConfigError, match=re.escape("hydra.sweeper.budget=1 is not allowed")):
+        Rule("val_acc", round=2, budget=1, target_width=None, confidence=0.95).check()
+
+
+def test_a_look_stops_when_the_interval_excludes_zero_or_is_narrow_enough():
+    rule = Rule("val_loss", round=2, budget=6, target_width=None, confidence=0.95)
+    clear = [-0.31, -0.28, -0.30, -0.27]
+    seen, why = look(clear, rule)
+    expected = stats.ttest_1samp(clear, 0).confidence_interval(rule.look_confidence)
+    assert (seen["ci_low"], seen["ci_high"]) == pytest.approx((expected.low, expected.high))
+    assert "excludes 0: b gives the lower val_loss" in why
+    assert look([0.01, -0.012, 0.004, -0.002], rule)[1] is None  # holds 0: go on
+    narrow = Rule("val_loss", round=2, budget=6, target_width=0.1, confidence=0.95)
+    assert (
+        "narrower than hydra.sweeper.target_width=0.1"
+        in look([0.01, -0.012, 0.004, -0.002], narrow)[1]
+    )
+    # No spread (identical configs give 0 on every seed): no interval, no decision either way.
+    assert look([0.0, 0.0, 0.0], narrow) == ({"seeds": 3, "difference": 0.0, "ci_low": 0.0,
+                                              "ci_high": 0.0}, None)  # fmt: skip
+
+
+def sweeper_over(sweep_dir, metric="val_acc", budget=4):
+    """The sweeper on a folder whose jobs already ran: it decides without launching any."""
+    sweeper = AdaptiveSeeds(metric, round=2, budget=budget, target_width=None, confidence=0.95)
+    sweeper.config, sweeper.launcher, sweeper.sweep_dir = OmegaConf.create({}), None, sweep_dir
+    sweeper.shared, sweeper.configs = ["trainer.epochs=3"], ["amp=off", "amp=bf16"]
+    return sweeper
+
+
+def test_the_sweeper_reads_back_finished_jobs_and_refuses_a_folder_of_another_comparison(
+    tmp_path,
+):
+    for seed in range(4):
+        for which, (config, values) in enumerate((("amp=off", A), ("amp=bf16", B))):
+            overrides = ["trainer.epochs=3", config, f"seed.value={seed}"]
+            fake_job(tmp_path, 2 * seed + which, overrides, seed, val_acc=values[seed])
+    decision = sweeper_over(tmp_path)._run()  # a launch would fail: there is no launcher
+    assert (
+        decision["resolved"]
+        and decision["seeds"] == 4
+        and decision["why"].startswith("resolved after 4 seeds")
+    )
+    assert json.loads((tmp_path / "adaptive_seeds.json").read_text()) == decision
+    assert "## Adaptive seeds: val_acc of b = amp=bf16 vs a = amp=off" in report.markdown(
+        report.build(tmp_path)
+    )
+    with pytest.raises(ConfigError, match=re.escape("hydra.sweeper.metric='val_accuracy'")):
+        sweeper_over(tmp_path, metric="val_accuracy")._run()
+    other = sweeper_over(tmp_path)
+    other.configs = ["amp=off", "amp=fp16"]
+    with pytest.raises(UserError, match=re.escape("job 1 there ran trainer.epochs=3 amp=bf16")):
+        other._run()
+
+
+# The sweeper's command: the two configs are the two values of the one swept key.
+ADAPTIVE = ["-m", "hydra/sweeper=adaptive_seeds", "hydra.sweeper.round=2"]
+
+
+def trained(sweep_dir):
+    """Job folder -> (attempts recorded, summary.json's time): what a rerun must not touch."""
+    return {
+        job.name: (len((job / "attempts.jsonl").read_text().splitlines()),
+                   (job / "summary.json").stat().st_mtime_ns)
+        for job in sweep_dir.iterdir() if (job / "summary.json").is_file()
+    }  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_a_real_difference_stops_before_the_budget_and_a_rerun_continues(tmp_path):
+    # Three shapes: a network that learns (lr 0.05) against one that cannot (lr 0).
+    root = make_image_tree(tmp_path / "data")
+    sweep_dir = tmp_path / "sweep"
+    command = [
+        *ADAPTIVE, *(o for o in IMAGEFOLDER if not o.startswith("optimizer.lr")),
+        f"data.root={root}", "optimizer.lr=0.05,0",
+        "hydra.sweeper.metric=val_loss", "hydra.sweeper.budget=6", f"hydra.sweep.dir={sweep_dir}",
+    ]  # fmt: skip
+    done = run_cli("repro.train", *command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    decision = json.loads((sweep_dir / "adaptive_seeds.json").read_text())
+    assert decision["resolved"] and decision["seeds"] < 6, decision["why"]
+    assert "b gives the higher val_loss" in decision["why"]  # b: the one that does not learn
+    jobs = 2 * decision["seeds"]
+    assert sorted(trained(sweep_dir), key=int) == [str(job) for job in range(jobs)]
+    assert decision["why"] in done.stdout  # the printed report says how it ended
+    summary = json.loads((sweep_dir / "sweep_summary.json").read_text())
+    assert summary["adaptive"] == decision
+    paired = summary["comparisons"][0]["val_loss"]
+    assert paired["test"] == f"paired: {decision['seeds']} shared seeds"
+
+    # As if the sweep had been killed in its last round: the same command again runs only the
+    # missing jobs, to the same weights, and reaches the same decision.
+    before = trained(sweep_dir)
+    last = [str(jobs - 2), str(jobs - 1)]
+    hashes = {job: json.loads((sweep_dir / job / "summary.json").read_text()) for job in last}
+    for job in last:
+        shutil.rmtree(sweep_dir / job)
+    (sweep_dir / "adaptive_seeds.json").unlink()
+    again = run_cli("repro.train", *command)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = trained(sweep_dir)
+    assert {job: after[job] for job in before if job not in last} == {
+        job: before[job] for job in before if job not in last
+    }
+    for job in last:
+        rerun = json.loads((sweep_dir / job / "summary.json").read_text())
+        assert rerun["weights_sha256"] == hashes[job]["weights_sha256"]
+    assert json.loads((sweep_dir / "adaptive_seeds.json").read_text()) == decision
+
+
+@pytest.mark.e2e
+def test_identical_configs_spend_the_budget_unresolved_and_a_larger_budget_goes_on(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # logger.progress changes nothing trained: for each seed both configs give the same weights.
+    command = [
+        *ADAPTIVE, *tiny("trainer.num_threads=1", "dataloader.num_workers=1"),
+        "logger.progress=off,auto", f"hydra.sweep.dir={sweep_dir}",
+    ]  # fmt: skip
+    named = "hydra.callbacks.sweep_report.metrics=[best_val_acc]"  # a number to summarise too
+    done = run_cli("repro.train", *command, "hydra.sweeper.budget=2", named)
+    assert done.returncode == 0, done.stderr[-3000:]
+    groups = json.loads((sweep_dir / "sweep_summary.json").read_text())["groups"]
+    assert groups["logger.progress=off"]["best_val_acc"]["count"] == 2
+    decision = json.loads((sweep_dir / "adaptive_seeds.json").read_text())
+    assert not decision["resolved"] and decision["seeds"] == 2
+    assert decision["why"].startswith("not resolved: the budget of 2 seeds per config is spent")
+    assert "every seed gave the same difference (0)" in decision["why"]
+    assert "not resolved" in (sweep_dir / "sweep_summary.md").read_text()
+
+    # A larger budget goes on; the jobs run in the configured launcher (joblib, two at a time).
+    before = trained(sweep_dir)
+    parallel = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    done = run_cli("repro.train", *command, *parallel, "hydra.sweeper.budget=4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = trained(sweep_dir)
+    assert {job: after[job] for job in before} == before  # the first round is not retrained
+    assert sorted(after, key=int) == [str(job) for job in range(8)]
+    decision = json.loads((sweep_dir / "adaptive_seeds.json").read_text())
+    assert not decision["resolved"] and [look["seeds"] for look in decision["looks"]] == [2, 4]
+    summaries = [
+        json.loads((sweep_dir / str(job) / "summary.json").read_text()) for job in range(8)
+    ]
+    assert [s["seed"] for s in summaries] == [0, 0, 1, 1, 2, 2, 3, 3]  # job 2s and 2s + 1: seed s
+    assert all(
+        a["weights_sha256"] == b["weights_sha256"]
+        for a, b in zip(summaries[::2], summaries[1::2], strict=True)
+    )
+
+
+@pytest.mark.e2e
+def test_the_sweeper_refuses_what_is_not_two_configs_in_one_line(tmp_path):
+    for arguments, message in (
+        (["amp=off,bf16", "optimizer.lr=0.1,0.2"], "these arguments sweep 2 keys"),
+        (["amp=off,bf16", "seed=0,1"], "runs seeds 0, 1, 2, ... itself"),
+    ):
+        done = run_cli("repro.train", *ADAPTIVE, *arguments, f"hydra.sweep.dir={tmp_path}")
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
