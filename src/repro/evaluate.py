@@ -73,7 +73,7 @@ def evaluate_checkpoint(
     source = getattr(data, split)
     if cached and in_memory(source) is None:
         source = decode(source, cfg.data, split, cfg.logger.get("progress", "auto"))
-    _, eval_transform = build.pipelines(cfg, resized=cached, any_size=data.any_size)
+    _, eval_transform = build.pipelines(cfg, cached, data.any_size, run.normalisation)
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast
     classes = classes_of(run.state, cfg) if per_class else None

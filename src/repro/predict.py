@@ -67,7 +67,7 @@ def predict_files(
     paths = image_files(images)
     # Files come in any size: resized as the run's evaluation resizes, or to its image size.
     run.cfg.data.resize = run.cfg.data.resize or run.cfg.data.image_size
-    _, eval_transform = build.pipelines(run.cfg)
+    _, eval_transform = build.pipelines(run.cfg, norm=run.normalisation)
     loader = run.loader(ImageFiles(paths, [0] * len(paths)), eval_transform, batch_size)
     probabilities = []
     with torch.no_grad(), Batches(loader) as batches:

@@ -43,6 +43,7 @@ class Restored:
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     tta: str
     objective: Objective
+    normalisation: dict[str, Any]  # as the run recorded it (build.normalisation)
 
     def loader(self, source: Source, transform: Compose, batch_size: int | None) -> DataLoader:
         """Batches of `source` in its order (one pass: `Batches(loader).take(len(loader))`)."""
@@ -79,13 +80,20 @@ def restore(
     except ConfigError:  # trained with fp16 on a GPU, run on a CPU: full precision
         precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
+    for key, off in (("pretrained", False), ("weights", None)):  # the checkpoint has the weights
+        if key in cfg.model:
+            cfg.model[key] = off
     model = build.model(cfg, state["root_seed"], num_classes=classes_of(state, cfg))
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device)).eval()
-    to_device = build.device_batches(cfg, device)
+    # Older checkpoints record none: their data.* was all there was.
+    norm = state.get("normalisation") or build.normalisation(cfg)
+    to_device = build.device_batches(cfg, device, norm)
     tta = tta or cfg.trainer.tta
     objective = build.objective(cfg)
-    return Restored(cfg, state, model, device, precision, memory_format, to_device, tta, objective)
+    return Restored(
+        cfg, state, model, device, precision, memory_format, to_device, tta, objective, norm
+    )
 
 
 def classes_of(state: dict[str, Any], cfg: DictConfig) -> int:
