@@ -52,7 +52,11 @@ def test_the_frozen_phase_leaves_the_backbone_and_its_batchnorm_statistics_uncha
     tree, file = pretrained
     more = ["trainer.epochs=1", "trainer.test_after_fit=false"]
     if invariant:
-        more += ["trainer.world_invariant=true", "trainer.global_batch=true", "trainer.micro_batch=6"]
+        more += [
+            "trainer.world_invariant=true",
+            "trainer.global_batch=true",
+            "trainer.micro_batch=6",
+        ]
         more += ["trainer.num_threads=1"]
     train_in_process(tmp_path, *overrides(tree, file, *more))
     trained = load(tmp_path / "checkpoints" / "last.pt")["model"]
@@ -103,7 +107,10 @@ def test_layer_decay_and_head_lr_shape_the_optimizer_groups(pretrained):
     ("setting", "message"),
     [
         ("components.finetune.freeze_steps=99", "freeze_steps=99: allowed: at most the run's 6"),
-        ("components.finetune.freeze_epochs=3", "freeze_epochs=3 is not allowed: at most the run's 2"),
+        (
+            "components.finetune.freeze_epochs=3",
+            "freeze_epochs=3 is not allowed: at most the run's 2",
+        ),
         ("components.finetune.freeze_epochs=-1", "freeze_epochs=-1: allowed: an integer >= 0"),
         ("components.finetune.freeze_steps=2", "freeze_epochs and freeze_steps both set"),
         ("optimizer.layer_decay=1.5", "optimizer.layer_decay=1.5"),
