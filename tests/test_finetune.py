@@ -18,7 +18,14 @@ from repro.errors import ConfigError
 from repro.runs.checkpoint import load
 from repro.runtime.precision import Precision
 
-from conftest import compose_config, make_image_tree, read_summary, run_cli, train_in_process
+from conftest import (
+    compose_config,
+    make_image_tree,
+    read_summary,
+    run_cli,
+    torchrun,
+    train_in_process,
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +77,10 @@ def test_the_frozen_phase_leaves_the_backbone_and_its_batchnorm_statistics_uncha
     assert trained["fc.weight"].shape == (3, original["fc.weight"].shape[1])
 
 
+@pytest.mark.e2e
 def test_a_kill_in_each_phase_resumes_to_the_uninterrupted_weights(pretrained, tmp_path):
     tree, file = pretrained
-    straight = tmp_path / "straight"
-    done = run_cli("repro.train", *overrides(tree, file), f"hydra.run.dir={straight}")
-    assert done.returncode == 0, done.stderr
-    expected = read_summary(straight)["weights_sha256"]
+    expected = train_in_process(tmp_path / "straight", *overrides(tree, file))["weights_sha256"]
 
     run_dir = tmp_path / "killed"
     command = [*overrides(tree, file), f"hydra.run.dir={run_dir}"]
@@ -124,3 +129,28 @@ def test_fine_tuning_settings_out_of_range_are_refused_in_one_line(
         setting = f"{setting} components.finetune.freeze_epochs=0"
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         train_in_process(tmp_path, *overrides(tree, file, *setting.split()))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("invariant", [False, True], ids=["ddp", "world_invariant"])
+def test_under_torchrun_the_backbone_stays_frozen_then_trains(pretrained, tmp_path, invariant):
+    """DDP keeps every parameter registered (frozen gradients are zeros, then dropped); the
+    world-invariant step on 2 processes gives the weights of 1."""
+    tree, file = pretrained
+    more = ["trainer.global_batch=true", "trainer.keep_checkpoints=10", "trainer.num_threads=1"]
+    if invariant:
+        more += ["trainer.world_invariant=true", "trainer.micro_batch=6"]
+    run_dir = tmp_path / "ddp"
+    done = torchrun(*overrides(tree, file, *more), f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr
+    from safetensors.torch import load_file
+
+    original = load_file(str(file))
+    frozen = load(run_dir / "checkpoints" / "step-00000003.pt")["model"]
+    final = load(run_dir / "checkpoints" / "last.pt")["model"]
+    backbone = [name for name in original if not name.startswith("fc.")]
+    assert all(torch.equal(frozen[name], original[name]) for name in backbone)
+    assert not torch.equal(final["conv1.0.weight"], original["conv1.0.weight"]), "unfrozen"
+    if invariant:
+        alone = train_in_process(tmp_path / "alone", *overrides(tree, file, *more))
+        assert alone["weights_sha256"] == read_summary(run_dir)["weights_sha256"]
