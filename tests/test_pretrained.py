@@ -37,14 +37,13 @@ def pretrain_resnet18(file: Path, side: int = 16, steps: int = 25) -> None:
     model = timm.create_model("resnet18", num_classes=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for _ in range(steps):
-        chosen = torch.randperm(len(images), generator=torch_rng)[:32]
+        chosen = torch.randperm(len(images), generator=torch_rng)[:16]
         optimizer.zero_grad()
         functional.cross_entropy(model(images[chosen]), labels[chosen]).backward()
         optimizer.step()
     torch.save(model.state_dict(), file)
 
 
-@pytest.mark.slow
 def test_timm_resnet18_from_a_local_file_gets_a_3_class_head_and_beats_random_weights(
     tmp_path, caplog
 ):
