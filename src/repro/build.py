@@ -62,7 +62,8 @@ def normalisation(cfg: Any, model: nn.Module | None = None) -> dict[str, Any]:
     """What the model's inputs are made with: mean, std, image size and the resize's
     interpolation. A pretrained model carries its own (`models/pretrained.py`, the user's
     overrides applied); what it leaves out comes from `data.*` (bilinear: the resize's)."""
-    own = dict(getattr(model, "normalisation", None) or {})
+    own = getattr(model, "pretrained_normalisation", None)
+    own = own if isinstance(own, dict) else {}
     chosen = {
         "mean": [float(x) for x in own.get("mean", cfg.data.mean)],
         "std": [float(x) for x in own.get("std", cfg.data.std)],

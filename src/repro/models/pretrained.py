@@ -7,9 +7,10 @@ file read without running code; torchvision: a `weights` enum name, through torc
 under TORCH_HOME). A class count other than the pretrained head's replaces the head (drawn from
 the run's `model` stream, as every model's weights are) and says so in one log line.
 
-The model carries what its weights were trained with as `normalisation` (mean, std, image size,
-interpolation, from the library's data config), each value overridden by the builder's argument
-of that name; `repro.build.normalisation` completes it from `data.*` and the pipelines use it.
+The model carries what its weights were trained with as `pretrained_normalisation` (mean, std,
+image size, interpolation, from the library's data config), each value overridden by the
+builder's argument of that name; `repro.build.normalisation` completes it from `data.*`, and the
+pipelines use it.
 It is never written into the config: a run records it in summary.json and every checkpoint.
 """
 
@@ -60,7 +61,7 @@ def timm_model(
         model.reset_classifier(num_classes)
         log.info("model: %s's head replaced: %d -> %d outputs", name, old, num_classes)
     own = resolve_model_data_config(model) if pretrained not in (False, None) else {}
-    model.normalisation = _overridden(
+    model.pretrained_normalisation = _overridden(
         own.get("mean"), own.get("std"), (own.get("input_size") or [None])[-1],
         own.get("interpolation"), mean, std, image_size, interpolation,
     )  # fmt: skip
@@ -90,7 +91,7 @@ def torchvision_model(
         ) from None
     if weights is None:
         model = builder(**_classes(num_classes), **kwargs)
-        model.normalisation = _overridden(
+        model.pretrained_normalisation = _overridden(
             None, None, None, None, mean, std, image_size, interpolation
         )
         return model
@@ -106,7 +107,7 @@ def torchvision_model(
     if num_classes is not None and num_classes != len(chosen.meta["categories"]):
         _replace_last_linear(model, num_classes, name)
     preset = chosen.transforms()
-    model.normalisation = _overridden(
+    model.pretrained_normalisation = _overridden(
         list(preset.mean), list(preset.std), preset.crop_size[0], preset.interpolation.value,
         mean, std, image_size, interpolation,
     )  # fmt: skip
