@@ -138,6 +138,14 @@ MUTANTS = [
     Mutant("bound-lower", "a batch of no images is refused",
            "config.py", '"trainer.batch_size": (1, False),', '"trainer.batch_size": (0, False),',
            ("test_errors.py::test_a_refused_value_is_named_in_one_line_before_any_work",)),
+    # Export.
+    Mutant("export-normalisation", "an exported model normalises its input as the run did",
+           "export/formats.py", "return self.model((images - self.mean) / self.std)",
+           "return self.model(images)",
+           ("test_export.py::test_the_exported_model_gives_pytorchs_logits_on_64_real_images[torchscript-small_cnn]",)),
+    Mutant("export-parity", "an export that disagrees with PyTorch is refused",
+           "export/command.py", 'if not checked["max_abs_diff"] <= allowed:', "if False:",
+           ("test_export.py::test_a_disagreement_beyond_the_tolerance_fails_and_leaves_nothing",)),
 ]  # fmt: skip
 
 

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHADOWED = {
     "torch", "torchvision", "hydra", "omegaconf", "numpy", "PIL", "pillow", "rich",
     "matplotlib", "tensorboard", "yaml", "pytest", "ruff", "uv", "pip", "setuptools",
-    "hatchling", "joblib", "submitit", "optuna", "test", "tests", "src", "conf", "scripts",
+    "hatchling", "joblib", "submitit", "optuna", "timm", "torchmetrics", "onnx", "onnxruntime",
+    "onnxscript", "safetensors", "test", "tests", "src", "conf", "scripts",
     "docs", "outputs", "data", "benchmarks",
 }  # fmt: skip
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl"}

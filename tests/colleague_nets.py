@@ -1,5 +1,6 @@
-"""A model this checkout's conf/ does not name: a colleague's, for the trust tests."""
+"""Models this checkout's conf/ does not name: a colleague's, for the trust and export tests."""
 
+import torch
 from torch import nn
 
 
@@ -15,4 +16,19 @@ def dropout_net(num_classes: int) -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.5), nn.AdaptiveAvgPool2d(1),
         nn.Flatten(), nn.Linear(8, num_classes),
+    )  # fmt: skip
+
+
+class _Spectrum(nn.Module):
+    """(N, C, K) features -> the C eigenvalues of each image's C x C Gram matrix."""
+
+    def forward(self, features):
+        return torch.linalg.eigvalsh(features @ features.transpose(1, 2))
+
+
+def spectral_net(num_classes: int) -> nn.Module:
+    """Trains, but uses an operation ONNX has no operator for (an eigen-decomposition)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(2), nn.Flatten(2), _Spectrum(),
+        nn.Linear(4, num_classes),
     )  # fmt: skip

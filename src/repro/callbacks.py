@@ -167,13 +167,13 @@ def build(
     """The template's `builtin` watchers, then `cfg.callbacks`: name -> a node with
     a `_target_` (a null node is left out, so that `callbacks.NAME=null` turns one off)."""
     built = dict(builtin or {})
-    built |= _instantiated("callbacks", nodes)
+    built |= instantiated("callbacks", nodes)
     return Callbacks(built, components)
 
 
 def build_components(nodes: Any, model: Any, total_steps: int) -> dict[str, Any]:
     """`cfg.components`: name -> a part of the loop built with the model and the run's length."""
-    found = _instantiated("components", nodes, model=model, total_steps=total_steps)
+    found = instantiated("components", nodes, model=model, total_steps=total_steps)
     for name, component in found.items():
         if not hasattr(component, "state_dict") or not hasattr(component, "load_state_dict"):
             allowed = "a class with state_dict and load_state_dict (a resume needs its state)"
@@ -181,7 +181,7 @@ def build_components(nodes: Any, model: Any, total_steps: int) -> dict[str, Any]
     return found
 
 
-def _instantiated(group: str, nodes: Any, **arguments: Any) -> dict[str, Any]:
+def instantiated(group: str, nodes: Any, **arguments: Any) -> dict[str, Any]:
     """Each node of `group` by `_target_`, left out when null; a bad one is the user's to fix."""
     built: dict[str, Any] = {}
     for name, node in (nodes or {}).items():
@@ -194,7 +194,8 @@ def _instantiated(group: str, nodes: Any, **arguments: Any) -> dict[str, Any]:
             built[str(name)] = instantiate(node, **arguments)
         except Exception as error:  # an unknown class or a wrong argument: the user's to fix
             cause = error.__cause__ or error  # Hydra wraps the class's own error
+            said = " ".join(str(cause).split())  # an import error's spans several lines
             raise ConfigError(
-                f"{key}._target_", node.get("_target_"), f"could not build it: {cause}"
+                f"{key}._target_", node.get("_target_"), f"could not build it: {said}"
             ) from None
     return built

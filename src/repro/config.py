@@ -172,7 +172,7 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             continue
         if not inside(value, interval):
             raise ConfigError(key, value, f"{'null or ' if nullable else ''}in {interval}")
-    for group in ("callbacks", "components"):
+    for group in ("callbacks", "components", "metrics"):
         _check_plugged_in(group, cfg.get(group))
     if cfg.seed.mode == "fixed" and cfg.seed.value is None:
         raise ConfigError(
@@ -215,16 +215,14 @@ def _check_plugged_in(group: str, nodes: Any) -> None:
             )
 
 
-MONITORED = ("val_", "ema_val_")  # an evaluation's columns: the accuracy and the objective's terms
+MONITORED = ("val_", "ema_val_")  # an evaluation's columns: accuracy, objective's terms, metrics
 
 
 def _check_trainer_extras(trainer: DictConfig, components: Any) -> None:
     """Best-checkpoint, EMA and accumulation settings that must agree with each
     other or lie in a range."""
     if not str(trainer.monitor).startswith(MONITORED):
-        allowed = (
-            "an evaluation column: val_acc, val_loss, val_<a term of the objective>, ema_val_..."
-        )
+        allowed = "an evaluation column: val_acc, val_loss, val_<a term or a metric>, ema_val_..."
         raise ConfigError("trainer.monitor", trainer.monitor, allowed)
     uses_ema = trainer.monitor.startswith("ema_") or trainer.test_weights == "ema"
     if uses_ema and (components or {}).get("ema") is None:

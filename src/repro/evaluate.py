@@ -3,9 +3,10 @@
 The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
 may point at the data's new place on this machine, `tta=none|flip|flip_translate` overrides
 the run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
-matrix. Prints loss and accuracy; with `out=FILE`, also writes them as JSON (an existing file
-is refused before any work unless `overwrite=true`). A stored config naming a target this
-checkout does not trust is refused unless `trust=true` (see repro.runs.trust).
+matrix. Prints loss, accuracy and the results of the run's `metrics` (top-5 accuracy, F1 ...);
+with `out=FILE`, also writes them as JSON (an existing file is refused before any work unless
+`overwrite=true`). A stored config naming a target this checkout does not trust is refused
+unless `trust=true` (see repro.runs.trust).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from repro.errors import ConfigError, UserError, exit_with
 from repro.files import json_text
 from repro.runs import resume
 from repro.runs.restore import arguments, classes_of, output_file, restore, write_result
+from repro.watch.scores import build_scores
 
 SPLITS = ("train", "val", "test")
 ARGUMENTS = {
@@ -57,9 +59,9 @@ def evaluate_checkpoint(
     per_class: bool = False,
     trust: bool = False,
 ) -> dict[str, Any]:
-    """Loss and accuracy of the checkpoint's model on one split of its dataset, with the
-    run's test-time augmentation unless `tta` names one; with `per_class`, each class's
-    accuracy and the confusion matrix (rows: true class, columns: predicted)."""
+    """Loss, accuracy and the run's metrics of the checkpoint's model on one split of its
+    dataset, with the run's test-time augmentation unless `tta` names one; with `per_class`,
+    each class's accuracy and the confusion matrix (rows: true class, columns: predicted)."""
     if not isinstance(per_class, bool):
         raise ConfigError("per_class", per_class, "true or false")
     if split not in SPLITS:
@@ -77,11 +79,12 @@ def evaluate_checkpoint(
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast
     classes = classes_of(run.state, cfg) if per_class else None
+    scores = build_scores(cfg.get("metrics"), classes_of(run.state, cfg))
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
         result = evaluate(
             run.model, one_pass, run.to_device, prepare, autocast, tta=run.tta, classes=classes,
-            objective=run.objective,
+            objective=run.objective, scores=scores,
         )  # fmt: skip
     if per_class:
         names = run.state.get("classes") or [str(i) for i in range(len(result["confusion"]))]
@@ -93,6 +96,7 @@ def evaluate_checkpoint(
         "split": split,
         "images": len(source),
         "tta": run.tta,
+        **({"metrics": scores.names} if scores else {}),  # the keys of the metrics' results
         **result,
         "step": run.state["position"]["step"],
     }
@@ -124,6 +128,10 @@ def main(argv: list[str]) -> None:
     for row in result.get("per_class", []):
         shown = "-" if row["acc"] is None else f"{row['acc']:.4f}"
         print(f"  {row['class']}: acc {shown} ({row['images']} images)")
+    for name in result.get("metrics", []):  # a number, or a matrix row by row
+        value = result[name]
+        rows = [" ".join(map(str, row)) for row in value] if isinstance(value, list) else []
+        print(f"  {name}: {value:.4f}" if not rows else "\n    ".join([f"  {name}:", *rows]))
     if out is not None:
         write_result(out, json_text(result))
 

@@ -175,6 +175,8 @@ class Config:
     callbacks: dict[str, Any] = field(default_factory=dict)  # name -> a node with a _target_
     # name -> a node with a _target_: a part of the loop that changes the weights (lookahead)
     components: dict[str, Any] = field(default_factory=dict)
+    # name -> a torchmetrics class by _target_, scoring every evaluation (the `metrics` group)
+    metrics: dict[str, Any] = field(default_factory=dict)
     preset: Optional[str] = None  # set by conf/preset/*.yaml
 
 

@@ -37,6 +37,7 @@ from repro.runtime.precision import Precision
 from repro.watch import trackers
 from repro.watch.loggers import MetricsLog
 from repro.watch.profiling import watchers
+from repro.watch.scores import Scores, build_scores
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Parts:
     total_steps: int
     normalisation: dict[str, Any]  # the inputs' mean, std, size, interpolation
     initialised: dict[str, Any] | None = None  # trainer.init_weights: what was loaded
+    scores: Scores | None = None  # the `metrics` group's, for the data's classes
 
 
 def apply_knobs(cfg: Any, dist: distributed.Context) -> Knobs:
@@ -116,6 +118,7 @@ def build_parts(
         total_steps=total_steps,
         normalisation=norm,
         initialised=initialised,
+        scores=build_scores(cfg.get("metrics"), len(data.classes)),
     )
 
 
@@ -173,6 +176,7 @@ def trainer(
             builtin,
             callbacks.build_components(cfg.get("components"), parts.model, parts.total_steps),
         ),
+        scores=parts.scores,
     )
 
 

@@ -14,6 +14,7 @@ from torch.nn import functional
 
 from repro.objectives import TOTAL, CrossEntropy, Objective, Targets, batch_sums, column
 from repro.runtime import distributed
+from repro.watch.scores import Scores
 
 
 def predict(model: nn.Module, images: torch.Tensor, tta: str = "none") -> torch.Tensor:
@@ -69,12 +70,14 @@ def evaluate(
     classes: int | None = None,
     objective: Objective | None = None,
     keep_predictions: bool = False,
+    scores: Scores | None = None,
 ) -> dict[str, Any]:
     """The mean of each of the objective's terms (plain cross-entropy without one) under its
     name ("loss" the total), and the accuracy ("acc"), over `batches` (summed over torchrun
     ranks, each of which evaluates its own shard), of the logits `predict` gives with `tta`;
     with `classes`, also the confusion matrix (rows: true class, columns: predicted); with
-    `keep_predictions`, the pass's `Predictions` under "predictions"."""
+    `keep_predictions`, the pass's `Predictions` under "predictions"; with `scores` (the
+    `metrics` group), the metrics' results (`Scores.results`)."""
     objective = objective or CrossEntropy()
     was_training = model.training
     model.eval()
@@ -85,6 +88,7 @@ def evaluate(
     correct = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     kept = Predictions(dist=dist)
+    scored: list[tuple[torch.Tensor, torch.Tensor]] = []  # scored after the pass: see Scores
     for images, labels in batches:
         images, labels = to_device(images, labels)
         with autocast():
@@ -96,6 +100,8 @@ def evaluate(
         predicted = logits.argmax(1)
         correct += (predicted == labels).sum().double()
         count += len(labels)
+        if scores is not None:
+            scored.append((logits, labels))
         if classes is not None or keep_predictions:
             kept.labels.append(labels)
             kept.predicted.append(predicted)
@@ -103,14 +109,18 @@ def evaluate(
     # One copy to the host: one wait for a GPU.
     names = list(sums) or [TOTAL]  # an empty split: nothing summed
     terms = [sums.get(name, torch.zeros_like(correct)) for name in names]
-    totals = torch.stack([*terms, correct, torch.full_like(correct, count)]).cpu()
+    states = [scores.states(scored, device)] if scores is not None else []  # counts, summed too
+    totals = torch.cat([torch.stack([*terms, correct, torch.full_like(correct, count)]), *states])
+    totals = totals.cpu()
     if dist is not None:
         totals = distributed.sum_tensor(totals, dist)
-    *term_totals, correct_total, images = totals.tolist()
+    *term_totals, correct_total, images = totals[: len(names) + 2].tolist()
     result: dict[str, Any] = {
         name: value / images for name, value in zip(names, term_totals, strict=True)
     }
     result["acc"] = correct_total / images
+    if scores is not None:
+        result |= scores.results(totals[len(names) + 2 :], names)
     if classes is not None:
         result["confusion"] = kept.confusion(classes).tolist()
     if keep_predictions:
@@ -118,7 +128,11 @@ def evaluate(
     return result
 
 
-def evaluation_columns(prefix: str, result: dict[str, Any]) -> dict[str, float]:
-    """An evaluation's results as metrics columns: `val_loss`, `val_acc`, `val_<term>` ..."""
+def evaluation_columns(
+    prefix: str, result: dict[str, Any], matrices: bool = False
+) -> dict[str, Any]:
+    """An evaluation's results as metrics columns: `val_loss`, `val_acc`, `val_<term>`,
+    `val_<metric>` ...; a matrix (the confusion matrix) only with `matrices`, for summary.json."""
     ordered = [TOTAL, "acc", *(name for name in result if name not in (TOTAL, "acc"))]
-    return {column(prefix, name): result[name] for name in ordered}
+    shown = [name for name in ordered if matrices or not isinstance(result[name], list)]
+    return {column(prefix, name): result[name] for name in shown}

@@ -27,6 +27,7 @@ from repro.runs.checkpoint import capture_rng, restore_rng
 from repro.runs.signals import StopRequest
 from repro.runtime import distributed
 from repro.watch.metrics import Throughput
+from repro.watch.scores import Scores
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Trainer:
     total_steps: int
     callbacks: Callbacks = field(default_factory=Callbacks)
     state: RunState = field(default_factory=RunState)
+    scores: Scores | None = None  # the `metrics` group's, scoring every evaluation
 
     def __post_init__(self) -> None:
         self.dist = self.knobs.dist
@@ -253,14 +255,14 @@ class Trainer:
         self._training_since = time.perf_counter()
 
     def evaluate(self, model: nn.Module, keep_predictions: bool = False) -> dict[str, Any]:
-        """The objective's terms and the accuracy of `model` (the trained one or its average)
-        on one validation pass (and its `Predictions`, if kept)."""
+        """The objective's terms, the accuracy and the metrics of `model` (the trained one or
+        its average) on one validation pass (and its `Predictions`, if kept)."""
         batches = self.val_batches.take(len(self.data.val_loader))
         prepare, autocast = self.knobs.memory_format.batch, self.knobs.precision.autocast
         tta, objective = self.settings.tta, self.objective
         return evaluate(
             model, batches, self.data.to_device, prepare, autocast, self.dist, tta,
-            objective=objective, keep_predictions=keep_predictions,
+            objective=objective, keep_predictions=keep_predictions, scores=self.scores,
         )  # fmt: skip
 
     def _track_best(self) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from repro import build
 from repro.data.loader import Batches
-from repro.engine.evaluation import evaluate
+from repro.engine.evaluation import evaluate, evaluation_columns
 from repro.engine.loop import Trainer
 from repro.runs.checkpoint import BEST_FILE, best_step_of, load
 from repro.runtime import distributed
@@ -36,11 +36,11 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
         tta, objective = trainer.settings.tta, trainer.objective
         result = evaluate(
             model, one_pass, trainer.data.to_device, prepare, autocast, trainer.dist, tta,
-            objective=objective,
+            objective=objective, scores=trainer.scores,
         )  # fmt: skip
     log.info("test (%s weights) | loss %.4f acc %.4f", which, result["loss"], result["acc"])
-    terms = {f"test_{name}": value for name, value in result.items()}  # test_loss, test_acc ...
-    return {**terms, "test_weights": which}
+    # test_loss, test_acc, test_<term>, test_<metric> (a confusion matrix included)
+    return {**evaluation_columns("test", result, matrices=True), "test_weights": which}
 
 
 def _weights(which: str, trainer: Trainer) -> tuple[str, nn.Module]:

@@ -1,0 +1,11 @@
+"""`python -m repro.export ckpt=... format=...`: see repro.export.command."""
+
+from repro.runtime.launch import pin_hash_seed
+
+pin_hash_seed("repro.export")  # before torch is imported, so the re-exec costs next to nothing
+
+import sys  # noqa: E402
+
+from repro.export.command import main  # noqa: E402
+
+main(sys.argv[1:])

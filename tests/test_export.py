@@ -1,0 +1,262 @@
+"""python -m repro.export: ONNX (run in onnxruntime), TorchScript and safetensors files of
+trained checkpoints that give PyTorch's logits on real images, and one-line refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from repro import build
+from repro.errors import CheckpointError, ConfigError, DataError
+from repro.export.command import export_checkpoint, main
+from repro.export.formats import ExportError
+from repro.runs.checkpoint import load
+from repro.runs.restore import restore
+from repro.runs.trust import UntrustedConfigError
+
+from conftest import (
+    IMAGEFOLDER,
+    ROOT,
+    TINY,
+    draw_shape,
+    make_image_tree,
+    run_cli,
+    tiny,
+    train_in_process,
+)
+
+# Small, quick runs of the larger models: 16x16 images, two steps, no test after training.
+QUICK = [
+    *(o for o in TINY if not o.startswith("model.")),
+    "data.image_size=16", "data.resize=16", "data.val_size=64", "trainer.batch_size=16",
+    "trainer.max_steps=2", "trainer.test_after_fit=false", "optimizer.lr=0.01",
+]  # fmt: skip
+MODELS = {
+    "small_cnn": tiny("+components=ema"),
+    "resnet18_cifar": [*QUICK, "model=resnet18_cifar"],
+    # The lead switches this to `model=timm model.name=resnet18` once that config is merged.
+    "timm": [*QUICK, "model=torchvision", "model._target_=timm.create_model",
+             "+model.model_name=resnet18"],
+}  # fmt: skip
+# The `export` extra, which `make` installs: without it the ONNX tests are skipped.
+NEEDS_ONNX = pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("onnxruntime", "onnxscript")),
+    reason="onnxruntime and onnxscript (the export extra) are not installed",
+)
+DOCS = (ROOT / "docs" / "export.md").read_text()
+TRUSTED = {"small_cnn": False, "resnet18_cifar": False, "timm": True}  # timm: not in conf/ yet
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run folders of the three models, trained when first asked for."""
+    made = {}
+
+    def run(name):
+        if name not in made:
+            made[name] = tmp_path_factory.mktemp(name)
+            train_in_process(made[name], *MODELS[name])
+        return made[name]
+
+    return run
+
+
+def pytorch_logits(ckpt, trust=False, weights="model"):
+    """The first 64 images of the run's validation split (float, in [0, 1]), and PyTorch's
+    logits on them, normalised as the run evaluates."""
+    run = restore(ckpt, "cpu", trust=trust)
+    if weights == "ema":
+        run.model.load_state_dict(run.state["components"]["ema"])
+    data = build.splits(run.cfg, run.state["root_seed"])
+    _, transform = build.pipelines(run.cfg)
+    pixels = torch.stack([transform(data.val[index][0], None) for index in range(64)])
+    with torch.no_grad():
+        logits = run.model(run.to_device(pixels, torch.zeros(64))[0])
+    return pixels.float() / 255, logits
+
+
+def in_onnxruntime(path):
+    """The ONNX file run by onnxruntime on the CPU, as a function of a batch of images."""
+    import onnxruntime  # the export extra: tests that call this are marked NEEDS_ONNX
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+
+
+def assert_agree(got, expected):
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() <= 1e-4 * max(1, expected.abs().max())
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("fmt", [pytest.param("onnx", marks=NEEDS_ONNX), "torchscript"])
+def test_the_exported_model_gives_pytorchs_logits_on_64_real_images(runs, name, fmt, tmp_path):
+    run_dir = runs(name)
+    out = tmp_path / "exported" / f"model.{fmt}"
+    record = export_checkpoint(run_dir, fmt, out, trust=TRUSTED[name])
+    parity = record["parity"]
+    assert parity["images"] == 64 and parity["batch_sizes"] == [1, 17, 64]
+    assert parity["max_abs_diff"] <= parity["allowed"] == 1e-4 * max(1, parity["max_abs_logit"])
+    # The file on disk, read back here, at batch sizes 1 and 17 (the batch axis is dynamic).
+    images, expected = pytorch_logits(run_dir / "checkpoints" / "best.pt", TRUSTED[name])
+    exported = in_onnxruntime(out) if fmt == "onnx" else torch.jit.load(str(out))
+    for size in (1, 17, 64):
+        assert_agree(exported(images[:size]), expected[:size])
+    sidecar = json.loads((tmp_path / "exported" / f"model.{fmt}.json").read_text())
+    assert sidecar == record and sidecar["format"] == fmt and sidecar["weights"] == "model"
+    size = 32 if name == "small_cnn" else 16
+    assert sidecar["input"]["shape"] == ["batch", 3, size, size]
+    assert sidecar["input"]["range"] == [0, 1] and sidecar["normalisation"]["folded_in"]
+    assert sidecar["output"]["shape"] == ["batch", 10] and len(sidecar["classes"]) == 10
+    state = load(run_dir / "checkpoints" / "best.pt")
+    assert sidecar["normalisation"]["mean"] == state["config"]["data"]["mean"]
+    assert sidecar.get("opset") == (18 if fmt == "onnx" else None)
+    assert sidecar["source"]["content_sha256"] == state["content_sha256"]
+    assert sidecar["source"]["checkpoint"].endswith("checkpoints/best.pt")
+
+
+@NEEDS_ONNX
+def test_weights_ema_exports_the_average(runs, tmp_path):
+    run_dir = runs("small_cnn")
+    out = tmp_path / "ema.onnx"
+    assert export_checkpoint(run_dir, "onnx", out, weights="ema")["weights"] == "ema"
+    images, average = pytorch_logits(run_dir / "checkpoints" / "best.pt", weights="ema")
+    got = in_onnxruntime(out)(images)
+    assert_agree(got, average)
+    _, trained = pytorch_logits(run_dir / "checkpoints" / "best.pt")
+    assert (got - trained).abs().max() > 1e-3  # the average, not the trained weights
+    with pytest.raises(CheckpointError, match=r"no weight average for weights=ema"):
+        export_checkpoint(runs("resnet18_cifar"), "onnx", tmp_path / "none.onnx", weights="ema")
+    assert not (tmp_path / "none.onnx").exists()
+
+
+def test_safetensors_holds_the_models_own_weights_bit_for_bit(runs, tmp_path):
+    run_dir = runs("small_cnn")
+    out = tmp_path / "model.safetensors"
+    record = export_checkpoint(run_dir / "checkpoints" / "last.pt", "safetensors", out)
+    trained = load(run_dir / "checkpoints" / "last.pt")["model"]
+    weights = load_file(str(out))
+    assert weights.keys() == trained.keys()
+    assert all(torch.equal(weights[key], trained[key]) for key in trained)
+    assert record["parity"] == {"check": "every tensor read back equal"}
+    assert not record["normalisation"]["folded_in"] and record["normalisation"]["std"] == [0.25] * 3
+
+
+@NEEDS_ONNX
+def test_image_files_stand_in_for_data_that_is_not_here(tmp_path):
+    tree = make_image_tree(tmp_path / "tree", 4)
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *IMAGEFOLDER, f"data.root={tree}", "trainer.epochs=1")
+    shutil.rmtree(tree)  # the run's data, gone (another machine)
+    with pytest.raises(DataError, match=r"parity check needs real images: give images=FOLDER"):
+        export_checkpoint(run_dir, "onnx", tmp_path / "m.onnx")
+    images = make_image_tree(tmp_path / "elsewhere", 3, side=40)  # 18 files, cut to 32x32
+    record = export_checkpoint(run_dir, "onnx", tmp_path / "m.onnx", images=str(images))
+    assert record["parity"]["images"] == 64 and record["parity"]["batch_sizes"] == [1, 17, 64]
+    assert record["parity"]["images_from"] == f"{images} (18 files), repeated to 64"
+    assert record["classes"] == ["bar", "blank", "circle"] and record["input"]["shape"][2:] == [
+        32,
+        32,
+    ]
+    assert record["normalisation"]["resize"] == 36 and record["output"]["shape"] == ["batch", 3]
+
+
+@NEEDS_ONNX
+def test_a_disagreement_beyond_the_tolerance_fails_and_leaves_nothing(runs, tmp_path):
+    out = tmp_path / "new" / "folder" / "model.onnx"
+    with pytest.raises(ExportError, match=r"disagrees with PyTorch.*tolerance=0 .*nothing written"):
+        export_checkpoint(runs("small_cnn"), "onnx", out, tolerance=0)
+    assert list(tmp_path.iterdir()) == []  # no file, no sidecar, no temporary, no folder
+
+
+@NEEDS_ONNX
+def test_a_model_onnx_cannot_express_is_one_error_naming_it_and_the_format(tmp_path):
+    run_dir = tmp_path / "run"
+    small = [o for o in tiny("trainer.max_steps=2") if not o.startswith("model.")]
+    spectral = "model._target_=colleague_nets.spectral_net"
+    train_in_process(run_dir, *small, "model=torchvision", spectral)
+    out = tmp_path / "out" / "model.onnx"
+    with pytest.raises(UntrustedConfigError, match=r"colleague_nets.spectral_net"):
+        export_checkpoint(run_dir, "onnx", out)  # a colleague's code runs only with trust=true
+    with pytest.raises(
+        ExportError,
+        match=r"model._target_='colleague_nets.spectral_net' cannot be exported as onnx \(.+\)",
+    ):
+        export_checkpoint(run_dir, "onnx", out, trust=True)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match=r"format='tflite'.*onnx or torchscript or safetensors"):
+        export_checkpoint(run_dir, "tflite", out, trust=True)
+
+
+def readme_command() -> str:
+    """The README's export command (the block marked `tested: export`), as first typed."""
+    text = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"<!-- tested: export -->\n```bash\n(.*?)```", text, re.DOTALL)
+    typed = re.sub(r"\s*\[[^\]]*\]", "", block.replace("\\\n", " "))  # options left out
+    return re.sub(r"=(\w+)\|[\w|]+", r"=\1", typed).strip()  # `a|b|c`: the first, a
+
+
+@NEEDS_ONNX
+@pytest.mark.e2e
+def test_the_readme_command_exports_and_a_mistake_is_one_line(runs, tmp_path):
+    run_dir = runs("small_cnn")
+    words = shlex.split(readme_command())[2:]  # after `python -m`
+    words = [re.sub(r"^ckpt=.*", f"ckpt={run_dir}", word) for word in words]
+    out = tmp_path / "model.onnx"
+    done = run_cli(*words, f"out={out}")
+    assert done.returncode == 0, done.stderr
+    assert "onnx: " in done.stdout and "on 64 images, batch sizes 1, 17, 64" in done.stdout
+    assert json.loads((tmp_path / "model.onnx.json").read_text())["parity"]["images"] == 64
+    # docs/export.md's consumer, with nothing of this repository: a class name for an image.
+    (snippet,) = re.findall(r"<!-- tested: export-consumer -->\n```python\n(.*?)```", DOCS, re.S)
+    draw_shape("circle", 32, 32, np.random.default_rng(0)).save(tmp_path / "image.png")
+    consumer = subprocess.run(
+        [sys.executable, "-I", "-c", snippet], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert consumer.returncode == 0, consumer.stderr
+    assert (
+        consumer.stdout.strip() in json.loads((tmp_path / "model.onnx.json").read_text())["classes"]
+    )
+    bad = run_cli(*words, f"out={out}")
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("error: out=")
+        and "overwrite=true" in bad.stderr
+    )
+    assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_mistakes_are_one_line_each_and_write_nothing(runs, tmp_path, capsys):
+    run_dir, foreign, fresh = runs("small_cnn"), tmp_path / "foreign.pt", tmp_path / "fresh.onnx"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    (tmp_path / "taken.onnx.json").write_text("{}")
+    refused = [
+        ([f"ckpt={tmp_path / 'missing.pt'}", "format=onnx"], "no such checkpoint file"),
+        ([f"ckpt={foreign}", "format=onnx"], "not a repro checkpoint"),
+        ([f"ckpt={tmp_path}", "format=onnx"], "no checkpoints/best.pt or last.pt"),
+        ([f"ckpt={run_dir}"], "format=None is not allowed: onnx or torchscript or safetensors"),
+        ([f"ckpt={run_dir}", "format=tflite"], "format='tflite' is not allowed"),
+        ([f"ckpt={run_dir}", "format=onnx", "weights=swa"], "weights='swa' is not allowed"),
+        ([f"ckpt={run_dir}", "format=onnx", "tolerance=-1"], "tolerance=-1 is not allowed"),
+        ([f"ckpt={run_dir}", "format=onnx", "device=cuda"], "argument='device'"),
+        ([f"ckpt={run_dir}", "format=onnx", f"out={tmp_path / 'taken.onnx'}"], "taken.onnx.json"),
+        ([f"ckpt={runs('resnet18_cifar')}", "format=onnx", "weights=ema"], "no weight average"),
+    ]
+    for args, message in refused:
+        with pytest.raises(SystemExit) as stopped:
+            main([*args, *([] if "out=" in str(args) else [f"out={fresh}"])])
+        error = capsys.readouterr().err
+        assert stopped.value.code == 2 and message in error, error
+        assert error.startswith("error: ") and error.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.pt", "taken.onnx.json"]
