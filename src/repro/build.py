@@ -1,4 +1,6 @@
-"""Construction shared by the entry points: model, datasets, loaders, device batches."""
+"""Construction shared by the entry points: model, datasets, loaders, device batches, the
+optimizer and its parameter groups (where a model's classifier head is, how deep each
+parameter lies: the pretrained models and the fine-tuning component ask here too)."""
 
 from __future__ import annotations
 
@@ -219,10 +221,8 @@ def _fine_tuning_groups(
     small_rule: tuple[bool, float],
 ) -> list[dict[str, Any]]:
     """One group per (learning rate, weight decay): `lr x layer_decay ** (depth below the
-    head)` (depths: `pretrained.layer_ids`), the head at `head_lr` when given, and the rule
+    head)` (depths: `layer_ids`), the head at `head_lr` when given, and the rule
     for biases and norm weights on top (`small_rule`: decay them, their lr scale)."""
-    from repro.models.pretrained import head_name, in_head, layer_ids
-
     if layer_decay is not None and (
         not isinstance(layer_decay, int | float) or not 0 < layer_decay <= 1
     ):
@@ -245,6 +245,44 @@ def _fine_tuning_groups(
             lr, weight_decay = lr * scale, (decay / scale if decay_small else 0.0)
         groups.setdefault((lr, weight_decay), []).append(parameter)
     return [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
+
+
+def head_name(model: nn.Module) -> str | None:
+    """The classifier's module name: timm's `get_classifier()`, else the last nn.Linear."""
+    modules = dict(model.named_modules())
+    if hasattr(model, "get_classifier"):
+        head = model.get_classifier()
+        found = [name for name, module in modules.items() if module is head]
+        if found:
+            return found[0]
+    linear = [name for name, module in modules.items() if isinstance(module, nn.Linear)]
+    return linear[-1] if linear else None
+
+
+def in_head(parameter_name: str, head: str | None) -> bool:
+    return head is not None and (parameter_name.startswith(f"{head}.") or parameter_name == head)
+
+
+def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
+    """Parameter name -> its depth (0 = the input's side) and the number of depths, the head
+    the deepest: timm's own grouping where the model has one (`group_matcher`), else one depth
+    per top-level child module holding parameters, in registration order."""
+    head = head_name(model)
+    names = [name for name, _ in model.named_parameters()]
+    if hasattr(model, "group_matcher"):
+        from timm.models import group_parameters
+
+        ids = dict(group_parameters(model, model.group_matcher(coarse=False), reverse=True))
+    else:
+        children = [
+            child
+            for child, module in model.named_children()
+            if next(module.parameters(), None) is not None
+        ]
+        ids = {name: children.index(name.split(".")[0]) for name in names}
+    deepest = max((ids[n] for n in names if n in ids and not in_head(n, head)), default=-1) + 1
+    ids = {name: deepest if in_head(name, head) else ids.get(name, deepest) for name in names}
+    return ids, deepest + 1
 
 
 def _weight_decay(settings: dict[str, Any]) -> float:

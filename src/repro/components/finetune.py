@@ -1,7 +1,7 @@
 """Freeze the backbone, then train it: `+components=finetune` (conf/components/finetune.yaml).
 
 For the first `freeze_epochs` epochs (or `freeze_steps` steps) only the classifier head
-(`models.pretrained.head_name`) trains; then everything does. Whether a step is frozen is a
+(`repro.build.head_name`) trains; then everything does. Whether a step is frozen is a
 function of the run's position alone, so a resume on either side of the unfreeze is exact.
 
 How a step is frozen, the same with one process, under DDP and in the world-invariant step:
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from repro.build import head_name, in_head
 from repro.errors import ConfigError
-from repro.models.pretrained import head_name, in_head
 
 
 def _count(value: Any, name: str) -> int:

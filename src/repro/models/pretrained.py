@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from repro.build import head_name
 from repro.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -137,44 +138,6 @@ def read_weights(path: str | os.PathLike, key: str) -> dict[str, torch.Tensor]:
     ):
         raise ConfigError(key, str(path), f"{allowed}; it holds no state_dict")
     return state
-
-
-def head_name(model: nn.Module) -> str | None:
-    """The classifier's module name: timm's `get_classifier()`, else the last nn.Linear."""
-    modules = dict(model.named_modules())
-    if hasattr(model, "get_classifier"):
-        head = model.get_classifier()
-        found = [name for name, module in modules.items() if module is head]
-        if found:
-            return found[0]
-    linear = [name for name, module in modules.items() if isinstance(module, nn.Linear)]
-    return linear[-1] if linear else None
-
-
-def in_head(parameter_name: str, head: str | None) -> bool:
-    return head is not None and (parameter_name.startswith(f"{head}.") or parameter_name == head)
-
-
-def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
-    """Parameter name -> its depth (0 = the input's side) and the number of depths, the head
-    the deepest: timm's own grouping where the model has one (`group_matcher`), else one depth
-    per top-level child module holding parameters, in registration order."""
-    head = head_name(model)
-    names = [name for name, _ in model.named_parameters()]
-    if hasattr(model, "group_matcher"):
-        from timm.models import group_parameters
-
-        ids = dict(group_parameters(model, model.group_matcher(coarse=False), reverse=True))
-    else:
-        children = [
-            child
-            for child, module in model.named_children()
-            if next(module.parameters(), None) is not None
-        ]
-        ids = {name: children.index(name.split(".")[0]) for name in names}
-    deepest = max((ids[n] for n in names if n in ids and not in_head(n, head)), default=-1) + 1
-    ids = {name: deepest if in_head(name, head) else ids.get(name, deepest) for name in names}
-    return ids, deepest + 1
 
 
 def _classes(num_classes: int | None) -> dict[str, int]:
