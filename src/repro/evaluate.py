@@ -35,18 +35,7 @@ from repro.runs.restore import arguments, classes_of, output_file, restore, writ
 from repro.watch.scores import build_scores
 
 SPLITS = ("train", "val", "test")
-ARGUMENTS = {
-    "ckpt",
-    "split",
-    "device",
-    "out",
-    "data.root",
-    "batch_size",
-    "tta",
-    "per_class",
-    "overwrite",
-    "trust",
-}
+ARGUMENTS = {"split", "device", "data.root", "batch_size", "tta", "per_class"}  # and restore.SHARED
 
 
 def evaluate_checkpoint(

@@ -34,7 +34,7 @@ from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runs.restore import arguments, output_file, restore, write_result
 
-ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta", "overwrite", "trust"}
+ARGUMENTS = {"images", "top_k", "device", "batch_size", "tta"}  # and restore.SHARED
 
 
 def image_files(images: Path) -> list[Path]:

@@ -102,15 +102,20 @@ def classes_of(state: dict[str, Any], cfg: DictConfig) -> int:
     return len(recorded) if recorded else int(cfg.data.num_classes)
 
 
-def arguments(argv: list[str], allowed: set[str]) -> DictConfig:
-    """The `key=value` arguments of a checkpoint command (evaluate, predict); `ckpt` is
-    required, and an unknown key is refused naming the ones allowed."""
+# What every checkpoint command (evaluate, predict, export) takes: `arguments` requires `ckpt`,
+# `output_file` checks `out` and `overwrite`, `restore` takes `trust`.
+SHARED = {"ckpt", "out", "overwrite", "trust"}
+
+
+def arguments(argv: list[str], own: set[str]) -> DictConfig:
+    """The `key=value` arguments of a checkpoint command: the `SHARED` ones and its `own`;
+    `ckpt` is required, and an unknown key is refused naming the ones allowed."""
     args = OmegaConf.from_dotlist(argv)
     given = {item.split("=", 1)[0] for item in argv if "=" in item}
-    unknown = sorted(given - allowed)
+    unknown = sorted(given - SHARED - own)
     if unknown or not given:
         named = unknown[0] if unknown else "(none)"
-        raise ConfigError("argument", named, f"use {', '.join(sorted(allowed))} as key=value")
+        raise ConfigError("argument", named, f"use {', '.join(sorted(SHARED | own))} as key=value")
     if "ckpt" not in args:
         raise ConfigError("ckpt", None, "the path of a checkpoint, e.g. ckpt=outputs/.../last.pt")
     return args
