@@ -1,4 +1,6 @@
-"""Construction shared by the entry points: model, datasets, loaders, device batches."""
+"""Construction shared by the entry points: model, datasets, loaders, device batches, the
+optimizer and its parameter groups (where a model's classifier head is, how deep each
+parameter lies: the pretrained models and the fine-tuning component ask here too)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from repro.data import device_loader, transforms
 from repro.data.datasets import Source, Splits, build_splits
 from repro.data.loader import LoaderContext, eval_loader, train_loader
 from repro.data.samplers import EpochBatches
-from repro.errors import ConfigError
+from repro.errors import ConfigError, UserError
 from repro.objectives import Checked, Objective
 from repro.runtime import distributed
 from repro.runtime.memory_format import FORMATS
@@ -44,6 +46,8 @@ def model(cfg: Any, root_seed: int, num_classes: int | None = None) -> nn.Module
         try:
             built = instantiate(cfg.model, **implied)
         except Exception as error:  # instantiate wraps import and argument errors alike
+            if isinstance(error.__cause__, UserError):  # a builder's own one-line refusal
+                raise error.__cause__ from None
             target = cfg.model.get("_target_")
             raise ConfigError("model._target_", target, f"could not build it: {error}") from None
     if not isinstance(built, nn.Module):
@@ -51,6 +55,29 @@ def model(cfg: Any, root_seed: int, num_classes: int | None = None) -> nn.Module
             "model._target_", cfg.model.get("_target_"), "must build a torch nn.Module"
         )
     return built
+
+
+INTERPOLATIONS = ("bilinear", "bicubic")
+
+
+def normalisation(cfg: Any, model: nn.Module | None = None) -> dict[str, Any]:
+    """What the model's inputs are made with: mean, std, image size and the resize's
+    interpolation. A pretrained model carries its own (`models/pretrained.py`, the user's
+    overrides applied); what it leaves out comes from `data.*` (bilinear: the resize's)."""
+    own = getattr(model, "pretrained_normalisation", None)
+    own = own if isinstance(own, dict) else {}
+    chosen = {
+        "mean": [float(x) for x in own.get("mean", cfg.data.mean)],
+        "std": [float(x) for x in own.get("std", cfg.data.std)],
+        "image_size": int(own.get("image_size", cfg.data.image_size)),
+        "interpolation": str(own.get("interpolation", "bilinear")),
+    }
+    if chosen["interpolation"] not in INTERPOLATIONS:
+        allowed = " or ".join(INTERPOLATIONS)
+        raise ConfigError("model.interpolation", chosen["interpolation"], allowed)
+    if len(chosen["mean"]) != 3 or len(chosen["std"]) != 3 or min(chosen["std"]) <= 0:
+        raise ConfigError("model.std", chosen["std"], "three positive numbers (and three means)")
+    return chosen
 
 
 def objective(cfg: Any) -> Objective:
@@ -81,9 +108,10 @@ def fit_to_data(model: nn.Module, cfg: Any, data: Splits, root_seed: int) -> Non
     count = min(len(data.train), wanted)
     drawn = torch.randperm(len(data.train), generator=torch_generator(root_seed, "fit"))
     chosen = drawn[:count].sort().values.tolist()
-    _, eval_transform = pipelines(cfg, resized=data.resized, any_size=data.any_size)
+    norm = normalisation(cfg, model)
+    _, eval_transform = pipelines(cfg, resized=data.resized, any_size=data.any_size, norm=norm)
     images = torch.stack([eval_transform(data.train[index][0], None) for index in chosen])
-    normalised, _ = device_batches(cfg, torch.device("cpu"))(images, torch.zeros(count))
+    normalised, _ = device_batches(cfg, torch.device("cpu"), norm)(images, torch.zeros(count))
     fit(normalised)
 
 
@@ -122,13 +150,19 @@ def splits(cfg: Any, root_seed: int) -> Splits:
 
 
 def pipelines(
-    cfg: Any, resized: bool = False, any_size: bool = False
+    cfg: Any, resized: bool = False, any_size: bool = False, norm: dict[str, Any] | None = None
 ) -> tuple[transforms.Compose, transforms.Compose]:
     """The train and eval transforms; `resized`: the images were resized already (cached);
     `any_size`: they come in any size (image files), so even with `data.resize` null they
-    are resized, to `data.image_size`: a batch needs one size."""
-    data = cfg.data
-    size, resize, pad = data.image_size, data.resize, data.crop_padding
+    are resized, to the image size: a batch needs one size. `norm` (`normalisation`) may set
+    another image size than `data.image_size`: the resize keeps data's ratio to it."""
+    data, norm = cfg.data, norm or normalisation(cfg)
+    size, resize, pad = norm["image_size"], data.resize, data.crop_padding
+    if resized and (size != data.image_size or norm["interpolation"] != "bilinear"):
+        allowed = "none: the model's image size or interpolation is not data's (the cache's)"
+        raise ConfigError("data.cache", "memory", allowed)
+    if size != data.image_size:
+        resize = None if resize is None else round(resize * size / data.image_size)
     if resize is None and any_size:
         resize = size
     augment = cfg.get("augment")  # absent from the configs of older checkpoints
@@ -140,9 +174,12 @@ def pipelines(
     train = transforms.build(
         data.augment, size, resize, pad,
         crop_flip=crop_flip, flip=flip, padding_mode=padding_mode, cutout=cutout, extra=extra,
-        resized=resized,
+        resized=resized, interpolation=norm["interpolation"],
     )  # fmt: skip
-    return train, transforms.build(False, size, resize, pad, resized=resized)
+    evaluation = transforms.build(
+        False, size, resize, pad, resized=resized, interpolation=norm["interpolation"]
+    )
+    return train, evaluation
 
 
 def _parameter_groups(model: nn.Module, settings: dict[str, Any]) -> list[Any]:
@@ -157,7 +194,11 @@ def _parameter_groups(model: nn.Module, settings: dict[str, Any]) -> list[Any]:
     scale = settings.pop("lr_scale_biases_and_norms", OptimizerExtras.lr_scale_biases_and_norms)
     if not isinstance(scale, int | float) or isinstance(scale, bool) or scale <= 0:
         raise ConfigError("optimizer.lr_scale_biases_and_norms", scale, "a number > 0")
+    layer_decay = settings.pop("layer_decay", OptimizerExtras.layer_decay)
+    head_lr = settings.pop("head_lr", OptimizerExtras.head_lr)
     trained = [p for p in model.parameters() if p.requires_grad]
+    if layer_decay is not None or head_lr is not None:
+        return _fine_tuning_groups(model, settings, layer_decay, head_lr, (decay_all, scale))
     if decay_all and scale == 1:
         return trained
     small: dict[str, Any] = {"params": [p for p in trained if p.ndim <= 1]}
@@ -170,6 +211,78 @@ def _parameter_groups(model: nn.Module, settings: dict[str, Any]) -> list[Any]:
     if not decay_all:
         small["weight_decay"] = 0.0
     return [{"params": [p for p in trained if p.ndim > 1]}, small]
+
+
+def _fine_tuning_groups(
+    model: nn.Module,
+    settings: dict[str, Any],
+    layer_decay: Any,
+    head_lr: Any,
+    small_rule: tuple[bool, float],
+) -> list[dict[str, Any]]:
+    """One group per (learning rate, weight decay): `lr x layer_decay ** (depth below the
+    head)` (depths: `layer_ids`), the head at `head_lr` when given, and the rule
+    for biases and norm weights on top (`small_rule`: decay them, their lr scale)."""
+    if layer_decay is not None and (
+        not isinstance(layer_decay, int | float) or not 0 < layer_decay <= 1
+    ):
+        raise ConfigError("optimizer.layer_decay", layer_decay, "null or a number in (0, 1]")
+    if head_lr is not None and (not isinstance(head_lr, int | float) or head_lr <= 0):
+        raise ConfigError("optimizer.head_lr", head_lr, "null or a number > 0")
+    if "lr" not in settings:
+        raise ConfigError("optimizer.lr", None, "a number with layer_decay or head_lr")
+    depths, count = layer_ids(model)
+    head, decay = head_name(model), _weight_decay(settings)
+    (decay_small, scale), groups = small_rule, {}
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        lr = settings["lr"] * (layer_decay or 1.0) ** (count - 1 - depths[name])
+        if head_lr is not None and in_head(name, head):
+            lr = head_lr
+        weight_decay = decay
+        if parameter.ndim <= 1:
+            lr, weight_decay = lr * scale, (decay / scale if decay_small else 0.0)
+        groups.setdefault((lr, weight_decay), []).append(parameter)
+    return [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
+
+
+def head_name(model: nn.Module) -> str | None:
+    """The classifier's module name: timm's `get_classifier()`, else the last nn.Linear."""
+    modules = dict(model.named_modules())
+    if hasattr(model, "get_classifier"):
+        head = model.get_classifier()
+        found = [name for name, module in modules.items() if module is head]
+        if found:
+            return found[0]
+    linear = [name for name, module in modules.items() if isinstance(module, nn.Linear)]
+    return linear[-1] if linear else None
+
+
+def in_head(parameter_name: str, head: str | None) -> bool:
+    return head is not None and (parameter_name.startswith(f"{head}.") or parameter_name == head)
+
+
+def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
+    """Parameter name -> its depth (0 = the input's side) and the number of depths, the head
+    the deepest: timm's own grouping where the model has one (`group_matcher`), else one depth
+    per top-level child module holding parameters, in registration order."""
+    head = head_name(model)
+    names = [name for name, _ in model.named_parameters()]
+    if hasattr(model, "group_matcher"):
+        from timm.models import group_parameters
+
+        ids = dict(group_parameters(model, model.group_matcher(coarse=False), reverse=True))
+    else:
+        children = [
+            child
+            for child, module in model.named_children()
+            if next(module.parameters(), None) is not None
+        ]
+        ids = {name: children.index(name.split(".")[0]) for name in names}
+    deepest = max((ids[n] for n in names if n in ids and not in_head(n, head)), default=-1) + 1
+    ids = {name: deepest if in_head(name, head) else ids.get(name, deepest) for name in names}
+    return ids, deepest + 1
 
 
 def _weight_decay(settings: dict[str, Any]) -> float:
@@ -212,11 +325,12 @@ def rank_batch_size(cfg: Any, world: int) -> int:
 
 
 def loaders(
-    cfg: Any, data: Splits, context: LoaderContext
+    cfg: Any, data: Splits, context: LoaderContext, norm: dict[str, Any] | None = None
 ) -> tuple[DataLoader, EpochBatches, DataLoader]:
     """Train loader, its sampler, validation loader; each yields (uint8 images, labels), or
     for CPU training with workers, training images already normalised (`device_batches`)."""
-    train_and_eval = pipelines(cfg, resized=data.resized, any_size=data.any_size)
+    norm = norm or normalisation(cfg)
+    train_and_eval = pipelines(cfg, resized=data.resized, any_size=data.any_size, norm=norm)
     batch, dl, device = rank_batch_size(cfg, context.world), cfg.dataloader, context.device
     if dl.on_device:  # dataloader=device: the split lives on the device, batches made there
         return device_loader.loaders(cfg, data, train_and_eval, batch, context)  # type: ignore[return-value]
@@ -227,18 +341,22 @@ def loaders(
         )
         raise ConfigError("dataloader.num_workers", dl.num_workers, allowed)
     train_transform, eval_transform = train_and_eval
-    prepare = device_batches(cfg, device)
+    prepare = device_batches(cfg, device, norm)
     in_workers = prepare if device.type == "cpu" else None  # a GPU normalises faster
     train, sampler = train_loader(data, train_transform, batch, dl, context, in_workers)
     if sampler.batches_per_epoch() == 0:
         allowed = f"at most the {len(data.train)} training images (over all ranks)"
         raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, allowed)
-    val = evaluation_loader(cfg, data.val, eval_transform, context)
+    val = evaluation_loader(cfg, data.val, eval_transform, context, norm)
     return prefetched(train, prepare, context.pin_memory), sampler, val
 
 
 def evaluation_loader(
-    cfg: Any, source: Source, eval_transform: transforms.Compose, context: LoaderContext
+    cfg: Any,
+    source: Source,
+    eval_transform: transforms.Compose,
+    context: LoaderContext,
+    norm: dict[str, Any] | None = None,
 ) -> Any:
     """A split in stored order, pass after pass, for evaluation (validation, or the test
     after training): made on the device with `dataloader=device`, else by a DataLoader whose
@@ -247,7 +365,7 @@ def evaluation_loader(
     if cfg.dataloader.on_device:
         return device_loader.DeviceEvalLoader(source, eval_transform, batch, context)
     loader = eval_loader(source, eval_transform, batch, cfg.dataloader, context)
-    return prefetched(loader, device_batches(cfg, context.device), context.pin_memory)
+    return prefetched(loader, device_batches(cfg, context.device, norm), context.pin_memory)
 
 
 def data_parallel(
@@ -265,9 +383,12 @@ def data_parallel(
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-def device_batches(cfg: Any, device: torch.device) -> DeviceBatches:
+def device_batches(
+    cfg: Any, device: torch.device, norm: dict[str, Any] | None = None
+) -> DeviceBatches:
     """Copy and normalise batches on `device`. On a GPU, straight into the model's memory
     format: one pass, and the training thread has nothing left to convert. On a CPU, in NCHW
     (strided float writes measured slower there than normalising, then converting)."""
     layout = FORMATS[cfg.memory_format.name] if device.type == "cuda" else torch.contiguous_format
-    return DeviceBatches(device, list(cfg.data.mean), list(cfg.data.std), layout)
+    norm = norm or normalisation(cfg)
+    return DeviceBatches(device, norm["mean"], norm["std"], layout)

@@ -35,18 +35,7 @@ from repro.runs.restore import arguments, classes_of, output_file, restore, writ
 from repro.watch.scores import build_scores
 
 SPLITS = ("train", "val", "test")
-ARGUMENTS = {
-    "ckpt",
-    "split",
-    "device",
-    "out",
-    "data.root",
-    "batch_size",
-    "tta",
-    "per_class",
-    "overwrite",
-    "trust",
-}
+ARGUMENTS = {"split", "device", "data.root", "batch_size", "tta", "per_class"}  # and restore.SHARED
 
 
 def evaluate_checkpoint(
@@ -75,7 +64,7 @@ def evaluate_checkpoint(
     source = getattr(data, split)
     if cached and in_memory(source) is None:
         source = decode(source, cfg.data, split, cfg.logger.get("progress", "auto"))
-    _, eval_transform = build.pipelines(cfg, resized=cached, any_size=data.any_size)
+    _, eval_transform = build.pipelines(cfg, cached, data.any_size, run.normalisation)
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast
     classes = classes_of(run.state, cfg) if per_class else None

@@ -34,7 +34,7 @@ from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.runs.restore import arguments, output_file, restore, write_result
 
-ARGUMENTS = {"ckpt", "images", "out", "top_k", "device", "batch_size", "tta", "overwrite", "trust"}
+ARGUMENTS = {"images", "top_k", "device", "batch_size", "tta"}  # and restore.SHARED
 
 
 def image_files(images: Path) -> list[Path]:
@@ -67,7 +67,7 @@ def predict_files(
     paths = image_files(images)
     # Files come in any size: resized as the run's evaluation resizes, or to its image size.
     run.cfg.data.resize = run.cfg.data.resize or run.cfg.data.image_size
-    _, eval_transform = build.pipelines(run.cfg)
+    _, eval_transform = build.pipelines(run.cfg, norm=run.normalisation)
     loader = run.loader(ImageFiles(paths, [0] * len(paths)), eval_transform, batch_size)
     probabilities = []
     with torch.no_grad(), Batches(loader) as batches:

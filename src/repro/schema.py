@@ -131,6 +131,8 @@ class OptimizerExtras:
 
     decay_biases_and_norms: bool = True  # false: no weight decay on biases and norm weights
     lr_scale_biases_and_norms: float = 1.0  # their learning rate, as a multiple of lr
+    layer_decay: Optional[float] = None  # fine-tuning: lr x this per depth below the head
+    head_lr: Optional[float] = None  # fine-tuning: the classifier head's own learning rate
 
 
 @dataclass

@@ -201,6 +201,7 @@ def _summary(
         "flags": determinism.snapshot(),
         "env": environment.describe(knobs.device),
         "world_size": knobs.dist.world,
+        "normalisation": parts.normalisation,
     }
 
 

@@ -196,10 +196,11 @@ def on_device_of(like: torch.Tensor, *draws: torch.Tensor) -> tuple[torch.Tensor
 
 
 class ResizeShorter:
-    """Resize so the shorter side is `size` (antialiased), keeping the aspect ratio."""
+    """Resize so the shorter side is `size` (antialiased; `mode`: bilinear or bicubic, as
+    the pretrained model was trained with), keeping the aspect ratio."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, mode: str = "bilinear") -> None:
+        self.size, self.mode = size, mode
 
     def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         height, width = image.shape[-2:]
@@ -208,7 +209,7 @@ class ResizeShorter:
         scale = self.size / min(height, width)
         shape = (max(self.size, round(height * scale)), max(self.size, round(width * scale)))
         resized = functional.interpolate(
-            image[None].float(), size=shape, mode="bilinear", antialias=True, align_corners=False
+            image[None].float(), size=shape, mode=self.mode, antialias=True, align_corners=False
         )
         return resized[0].round_().clamp_(0, 255).to(torch.uint8)
 
@@ -261,6 +262,7 @@ def build(
     cutout: int = 0,
     extra: Sequence[Callable[[torch.Tensor], torch.Tensor]] = (),
     resized: bool = False,
+    interpolation: str = "bilinear",
 ) -> Compose:
     """Train (augment=True) or eval pipeline for square `image_size` inputs: resize (unless
     the images were `resized` already, as a decoded cache holds them), then random crop and
@@ -269,7 +271,7 @@ def build(
     transforms (`extra`) for training, or a centre crop for evaluation."""
     steps: list[Transform] = []
     if resize is not None and not resized:
-        steps.append(ResizeShorter(resize))
+        steps.append(ResizeShorter(resize, interpolation))
     if augment:
         if crop_flip:
             steps += [

@@ -54,6 +54,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     total_steps: int
+    normalisation: dict[str, Any]  # the inputs' mean, std, size, interpolation
     initialised: dict[str, Any] | None = None  # trainer.init_weights: what was loaded
     scores: Scores | None = None  # the `metrics` group's, for the data's classes
 
@@ -78,8 +79,11 @@ def build_parts(
     pin_memory = use_pinned_memory(cfg.dataloader.pin_memory, knobs.device)
     rank, world = knobs.dist.rank, knobs.dist.world
     context = LoaderContext(root_seed, rank, world, knobs.device, pin_memory)
-    train_loader, sampler, val_loader = build.loaders(cfg, data, context)
+    # The model first: a pretrained one says how its inputs are made (its own stream draws
+    # its weights, so the order changes nothing else).
     model = build.model(cfg, root_seed, num_classes=len(data.classes))
+    norm = build.normalisation(cfg, model)
+    train_loader, sampler, val_loader = build.loaders(cfg, data, context, norm)
     build.fit_to_data(
         model, cfg, data, root_seed
     )  # before init_weights or a resume: they overwrite it
@@ -87,7 +91,7 @@ def build_parts(
     if cfg.trainer.init_weights is not None and initialise:
         path = Path(cfg.trainer.init_weights).expanduser()
         initialised = init_weights.load_on_every_rank(model, path, knobs.dist)
-    preflight.check_classes(model, data, cfg.data.image_size)
+    preflight.check_classes(model, data, norm["image_size"])
     model = knobs.memory_format.model(model.to(knobs.device))
     forward_model = (
         model  # the micro-batch gradient exchange replaces DDP's all-reduce
@@ -112,6 +116,7 @@ def build_parts(
         optimizer=optimizer,
         scheduler=scheduler,
         total_steps=total_steps,
+        normalisation=norm,
         initialised=initialised,
         scores=build_scores(cfg.get("metrics"), len(data.classes)),
     )
@@ -146,7 +151,7 @@ def trainer(
         )  # fmt: skip
     data = LoopData(
         parts.train_loader, parts.sampler, parts.val_loader,
-        build.device_batches(cfg, knobs.device),
+        build.device_batches(cfg, knobs.device, parts.normalisation),
     )  # fmt: skip
     run_dir = outputs.checkpointer.folder.parent
     builtin = watchers(cfg.trainer, cfg.logger, run_dir, knobs.device, knobs.dist)
@@ -160,7 +165,11 @@ def trainer(
         knobs=knobs,
         outputs=outputs,
         settings=settings,
-        extra_state={**extra_state, "resolved": knobs.resolved()},
+        extra_state={
+            **extra_state,
+            "resolved": knobs.resolved(),
+            "normalisation": parts.normalisation,
+        },
         total_steps=parts.total_steps,
         callbacks=callbacks.build(
             cfg.get("callbacks"),

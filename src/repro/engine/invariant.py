@@ -87,6 +87,8 @@ class BatchNormStatistics:
                     size = layer.num_features
                     mean, var = row[offset : offset + size], row[offset + size : offset + 2 * size]
                     offset += 2 * size
+                    if not layer.training:  # in eval mode BatchNorm keeps its statistics
+                        continue
                     layer.num_batches_tracked += 1
                     momentum = layer.momentum
                     if momentum is None:  # a cumulative average

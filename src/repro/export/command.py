@@ -34,17 +34,7 @@ from repro.runs.checkpoint import BEST_FILE
 from repro.runs.integrity import KEY as DIGEST
 from repro.runs.restore import Restored, arguments, classes_of, output_file, restore
 
-ARGUMENTS = {
-    "ckpt",
-    "format",
-    "weights",
-    "out",
-    "images",
-    "data.root",
-    "tolerance",
-    "overwrite",
-    "trust",
-}
+ARGUMENTS = {"format", "weights", "images", "data.root", "tolerance"}  # and restore.SHARED
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt", "safetensors": ".safetensors"}
 PARITY_IMAGES = 64
 RULE = "max_abs_diff <= tolerance * max(1, max_abs_logit)"

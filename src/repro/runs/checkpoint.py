@@ -229,10 +229,7 @@ class Checkpointer:
 
     def step_files(self) -> list[Path]:
         """Our step files, newest first."""
-        if not self.folder.is_dir():
-            return []
-        found = [p for p in self.folder.iterdir() if STEP_FILE.match(p.name)]
-        return sorted(found, key=lambda p: int(STEP_FILE.match(p.name).group(1)), reverse=True)
+        return [path for _, path in self._numbered(STEP_FILE)]
 
     def save(self, state: dict[str, Any], step: int) -> Path:
         """Start writing `state` as the checkpoint of `step`; returns the file it will be."""
@@ -256,7 +253,7 @@ class Checkpointer:
         another step (a resume from an older checkpoint, or a fresh run in an old folder),
         are dropped: the run decides again, as its logs are cut back to its checkpoint."""
         self.wait()
-        for step, path in self._pending_best():
+        for step, path in self._numbered(PENDING_BEST):
             if step == best_step:
                 self._promote(path)
             else:
@@ -303,7 +300,7 @@ class Checkpointer:
                 for old in self.step_files()[self.keep :]:
                     old.unlink(missing_ok=True)
             else:  # a newer best: the pending ones before it can never be promoted
-                for pending_step, pending in self._pending_best():
+                for pending_step, pending in self._numbered(PENDING_BEST):
                     if pending_step < step:
                         pending.unlink()
         except BaseException as error:  # handed to the training thread by `wait`
@@ -318,16 +315,17 @@ class Checkpointer:
                 atomic_save(torch.load(path, map_location="cpu", weights_only=True), tmp)
         _fsync_dir(self.folder)
 
-    def _pending_best(self) -> list[tuple[int, Path]]:
-        """The best-NNNNNNNN.pt files and their steps, newest first."""
+    def _numbered(self, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+        """The files `pattern` names (step-NNNNNNNN.pt, best-NNNNNNNN.pt) and their steps,
+        newest first."""
         if not self.folder.is_dir():
             return []
-        found = [(PENDING_BEST.match(p.name), p) for p in self.folder.iterdir()]
+        found = [(pattern.match(p.name), p) for p in self.folder.iterdir()]
         return sorted(((int(m.group(1)), p) for m, p in found if m), reverse=True)
 
     def _promote_best_up_to(self, step: int) -> None:
         """The checkpoint of `step` is on disk: the newest best evaluated by then is best.pt."""
-        due = [path for best_step, path in self._pending_best() if best_step <= step]
+        due = [path for best_step, path in self._numbered(PENDING_BEST) if best_step <= step]
         if due:
             self._promote(due[0])
         for superseded in due[1:]:

@@ -27,8 +27,9 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
         return {}
     which, model = _weights(cfg.trainer.test_weights, trainer)
     data = parts.data
-    _, eval_transform = build.pipelines(cfg, resized=data.resized, any_size=data.any_size)
-    loader = build.evaluation_loader(cfg, parts.data.test, eval_transform, parts.context)
+    norm = parts.normalisation
+    _, eval_transform = build.pipelines(cfg, data.resized, data.any_size, norm)
+    loader = build.evaluation_loader(cfg, parts.data.test, eval_transform, parts.context, norm)
     prepare, autocast = trainer.knobs.memory_format.batch, trainer.knobs.precision.autocast
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))

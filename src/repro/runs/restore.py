@@ -43,6 +43,7 @@ class Restored:
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     tta: str
     objective: Objective
+    normalisation: dict[str, Any]  # as the run recorded it (build.normalisation)
 
     def loader(self, source: Source, transform: Compose, batch_size: int | None) -> DataLoader:
         """Batches of `source` in its order (one pass: `Batches(loader).take(len(loader))`)."""
@@ -79,13 +80,20 @@ def restore(
     except ConfigError:  # trained with fp16 on a GPU, run on a CPU: full precision
         precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
+    for key, off in (("pretrained", False), ("weights", None)):  # the checkpoint has the weights
+        if key in cfg.model:
+            cfg.model[key] = off
     model = build.model(cfg, state["root_seed"], num_classes=classes_of(state, cfg))
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device)).eval()
-    to_device = build.device_batches(cfg, device)
+    # Older checkpoints record none: their data.* was all there was.
+    norm = state.get("normalisation") or build.normalisation(cfg)
+    to_device = build.device_batches(cfg, device, norm)
     tta = tta or cfg.trainer.tta
     objective = build.objective(cfg)
-    return Restored(cfg, state, model, device, precision, memory_format, to_device, tta, objective)
+    return Restored(
+        cfg, state, model, device, precision, memory_format, to_device, tta, objective, norm
+    )
 
 
 def classes_of(state: dict[str, Any], cfg: DictConfig) -> int:
@@ -94,15 +102,20 @@ def classes_of(state: dict[str, Any], cfg: DictConfig) -> int:
     return len(recorded) if recorded else int(cfg.data.num_classes)
 
 
-def arguments(argv: list[str], allowed: set[str]) -> DictConfig:
-    """The `key=value` arguments of a checkpoint command (evaluate, predict); `ckpt` is
-    required, and an unknown key is refused naming the ones allowed."""
+# What every checkpoint command (evaluate, predict, export) takes: `arguments` requires `ckpt`,
+# `output_file` checks `out` and `overwrite`, `restore` takes `trust`.
+SHARED = {"ckpt", "out", "overwrite", "trust"}
+
+
+def arguments(argv: list[str], own: set[str]) -> DictConfig:
+    """The `key=value` arguments of a checkpoint command: the `SHARED` ones and its `own`;
+    `ckpt` is required, and an unknown key is refused naming the ones allowed."""
     args = OmegaConf.from_dotlist(argv)
     given = {item.split("=", 1)[0] for item in argv if "=" in item}
-    unknown = sorted(given - allowed)
+    unknown = sorted(given - SHARED - own)
     if unknown or not given:
         named = unknown[0] if unknown else "(none)"
-        raise ConfigError("argument", named, f"use {', '.join(sorted(allowed))} as key=value")
+        raise ConfigError("argument", named, f"use {', '.join(sorted(SHARED | own))} as key=value")
     if "ckpt" not in args:
         raise ConfigError("ckpt", None, "the path of a checkpoint, e.g. ckpt=outputs/.../last.pt")
     return args
