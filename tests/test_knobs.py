@@ -216,7 +216,7 @@ class Large:
 
 def announce(worker_id):
     start_worker(worker_id)
-    print(os.getpid(), flush=True)
+    os.write(1, f"{os.getpid()}\\n".encode())  # one write: two workers' lines never interleave
 
 # numpy batches travel through the pipe by value (as CPU evaluation batches do): it fills
 batches = iter(DataLoader(
