@@ -3,8 +3,9 @@
 The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
 may point at the data's new place on this machine, `tta=none|flip|flip_translate` overrides
 the run's `trainer.tta`, and `per_class=true` adds each class's accuracy and the confusion
-matrix. Prints loss, accuracy and the results of the run's `metrics` (top-5 accuracy, F1 ...);
-with `out=FILE`, also writes them as JSON (an existing file is refused before any work unless
+matrix. Nothing reaches the network (the dataset is downloaded only with `download=true`).
+Prints loss, accuracy and the results of the run's `metrics` (top-5 accuracy, F1 ...); with
+`out=FILE`, also writes them as JSON (an existing file is refused before any work unless
 `overwrite=true`). A stored config naming a target this checkout does not trust is refused
 unless `trust=true` (see repro.runs.trust).
 """
@@ -31,11 +32,13 @@ from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
 from repro.files import json_text
 from repro.runs import resume
+from repro.runs.offline import offline
 from repro.runs.restore import arguments, classes_of, output_file, restore, write_result
 from repro.watch.scores import build_scores
 
 SPLITS = ("train", "val", "test")
-ARGUMENTS = {"split", "device", "data.root", "batch_size", "tta", "per_class"}  # and restore.SHARED
+# and restore.SHARED
+ARGUMENTS = {"split", "device", "data.root", "batch_size", "tta", "per_class", "download"}
 
 
 def evaluate_checkpoint(
@@ -47,16 +50,20 @@ def evaluate_checkpoint(
     tta: str | None = None,
     per_class: bool = False,
     trust: bool = False,
+    download: bool = False,
 ) -> dict[str, Any]:
     """Loss, accuracy and the run's metrics of the checkpoint's model on one split of its
     dataset, with the run's test-time augmentation unless `tta` names one; with `per_class`,
-    each class's accuracy and the confusion matrix (rows: true class, columns: predicted)."""
+    each class's accuracy and the confusion matrix (rows: true class, columns: predicted).
+    `download`: fetch the dataset if it is missing (the stored config's `data.download` is
+    never followed)."""
     if not isinstance(per_class, bool):
         raise ConfigError("per_class", per_class, "true or false")
     if split not in SPLITS:
         raise ConfigError("split", split, f"choose one of {', '.join(SPLITS)}")
     run = restore(ckpt, device_name, data_root, tta, trust)
     cfg = run.cfg
+    cfg.data.download = download is True
     cached = cfg.data.get("cache", "none") == "memory"
     cfg.data.cache = "none"  # decode only the split evaluated
     data = build.splits(cfg, run.state["root_seed"])
@@ -97,16 +104,19 @@ def main(argv: list[str]) -> None:
         args = arguments(argv, ARGUMENTS)
         overwrite = args.get("overwrite", False)
         out = output_file(str(args.out), overwrite) if "out" in args else None
-        result = evaluate_checkpoint(
-            Path(str(args.ckpt)),
-            str(args.get("split", "test")),
-            str(args.get("device", "auto")),
-            OmegaConf.select(args, "data.root"),
-            args.get("batch_size"),
-            args.get("tta"),
-            args.get("per_class", False),
-            args.get("trust", False),
-        )
+        download = args.get("download", False)
+        with offline(f"the config comes from ckpt={args.ckpt}", download):
+            result = evaluate_checkpoint(
+                Path(str(args.ckpt)),
+                str(args.get("split", "test")),
+                str(args.get("device", "auto")),
+                OmegaConf.select(args, "data.root"),
+                args.get("batch_size"),
+                args.get("tta"),
+                args.get("per_class", False),
+                args.get("trust", False),
+                download,
+            )
     except UserError as error:
         exit_with(error)
     views = f", {result['tta']} test-time augmentation" if result["tta"] != "none" else ""

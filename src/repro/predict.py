@@ -32,6 +32,7 @@ from repro.data.loader import Batches
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.runs.offline import offline
 from repro.runs.restore import arguments, output_file, restore, write_result
 
 ARGUMENTS = {"images", "top_k", "device", "batch_size", "tta"}  # and restore.SHARED
@@ -95,15 +96,16 @@ def main(argv: list[str]) -> None:
         if "images" not in args:
             raise ConfigError("images", None, "a folder of image files (or one file)")
         out = output_file(str(args.get("out", "predictions.csv")), args.get("overwrite", False))
-        rows = predict_files(
-            Path(str(args.ckpt)),
-            Path(str(args.images)),
-            args.get("top_k", 1),
-            str(args.get("device", "auto")),
-            args.get("batch_size"),
-            args.get("tta"),
-            args.get("trust", False),
-        )
+        with offline(f"the config comes from ckpt={args.ckpt}"):
+            rows = predict_files(
+                Path(str(args.ckpt)),
+                Path(str(args.images)),
+                args.get("top_k", 1),
+                str(args.get("device", "auto")),
+                args.get("batch_size"),
+                args.get("tta"),
+                args.get("trust", False),
+            )
     except UserError as error:
         exit_with(error)
     text = io.StringIO(newline="")

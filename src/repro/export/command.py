@@ -32,6 +32,7 @@ from repro.files import atomic_path, write_json_atomic, writing
 from repro.predict import image_files
 from repro.runs.checkpoint import BEST_FILE
 from repro.runs.integrity import KEY as DIGEST
+from repro.runs.offline import offline
 from repro.runs.restore import Restored, arguments, classes_of, output_file, restore
 
 ARGUMENTS = {"format", "weights", "images", "data.root", "tolerance"}  # and restore.SHARED
@@ -209,16 +210,17 @@ def main(argv: list[str]) -> None:
         overwrite = args.get("overwrite", False)
         out = output_file(str(args.get("out", f"model{SUFFIXES[fmt]}")), overwrite)
         output_file(f"{out}.json", overwrite)
-        record = export_checkpoint(
-            Path(str(args.ckpt)),
-            fmt,
-            out,
-            weights,
-            args.get("images"),
-            OmegaConf.select(args, "data.root"),
-            args.get("tolerance", 1e-4),
-            args.get("trust", False),
-        )
+        with offline(f"the config comes from ckpt={args.ckpt}"):
+            record = export_checkpoint(
+                Path(str(args.ckpt)),
+                fmt,
+                out,
+                weights,
+                args.get("images"),
+                OmegaConf.select(args, "data.root"),
+                args.get("tolerance", 1e-4),
+                args.get("trust", False),
+            )
     except UserError as error:
         exit_with(error)
     checked = record["parity"]

@@ -22,8 +22,7 @@ from repro.files import write_text_atomic, writing
 from repro.objectives import Objective
 from repro.runs import resume
 from repro.runs.checkpoint import load
-from repro.runs.trust import check as trust_check
-from repro.runs.trust import watched_only
+from repro.runs.trust import as_data
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -68,9 +67,9 @@ def restore(
     if tta is not None and tta not in allowed:
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
     state = load(ckpt)
-    stored = resume.upgrade(watched_only(state["config"]))  # what would be built, checked
-    trust_check(stored, ckpt, trust)
-    cfg = OmegaConf.create(stored)
+    stored = state.get("config")
+    stored = as_data(resume.upgrade(stored) if isinstance(stored, dict) else stored, ckpt, trust)
+    cfg = OmegaConf.create(without_pretrained_weights(stored))
     resume.fill_declared(cfg)  # a checkpoint written before some keys existed
     if data_root is not None:
         cfg.data.root = data_root
@@ -80,9 +79,6 @@ def restore(
     except ConfigError:  # trained with fp16 on a GPU, run on a CPU: full precision
         precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
-    for key, off in (("pretrained", False), ("weights", None)):  # the checkpoint has the weights
-        if key in cfg.model:
-            cfg.model[key] = off
     model = build.model(cfg, state["root_seed"], num_classes=classes_of(state, cfg))
     model.load_state_dict(state["model"])
     model = memory_format.model(model.to(device)).eval()
@@ -94,6 +90,22 @@ def restore(
     return Restored(
         cfg, state, model, device, precision, memory_format, to_device, tta, objective, norm
     )
+
+
+def without_pretrained_weights(config: Any) -> Any:
+    """`config` with every model part built without pretrained weights, at any depth (a
+    backbone inside a model too): the checkpoint holds the weights, and fetching them would
+    reach the network or files the config names."""
+    if isinstance(config, list):
+        return [without_pretrained_weights(item) for item in config]
+    if not isinstance(config, dict):
+        return config
+    off = {"pretrained": False, "weights": None, "weights_backbone": None}
+    builds = "_target_" in config
+    return {
+        key: off[key] if builds and key in off else without_pretrained_weights(value)
+        for key, value in config.items()
+    }
 
 
 def classes_of(state: dict[str, Any], cfg: DictConfig) -> int:

@@ -1,39 +1,52 @@
-"""Configs from files someone else made are data, not code.
+"""Files someone else made are data, not code: what a stored config or record may decide.
 
 A checkpoint's stored config and a run folder's resolved_config.yaml name `_target_`s that
 Hydra would import and call. Before anything is built or imported from such a config, every
 `_target_` in it must be one this checkout already trusts:
 
-- named by a `_target_` in a YAML file under this checkout's conf/ (conf/local/, which git
-  ignores, included: the place for this machine's own list);
+- named by a `_target_` key in a YAML file under this checkout's conf/ that git tracks (read
+  with a YAML parser: a record a run writes, or a string inside a YAML, adds nothing), in
+  the section it names it for (a model option's target builds a model, not a transform), or
+  in conf/local/trusted.yaml, this machine's own list (git ignores conf/local/), anywhere;
 - a model defined in this package's `models/`;
 - a torchvision model builder (`torchvision.models.resnet50`) or transform class;
 - a torch optimizer or learning-rate scheduler class.
 
 Anything else is refused in one line unless the user says `trust=true`. So is a value that
-OmegaConf would interpolate (`${...}`): a resolver runs code of its own, and a recorded config
-holds resolved values only.
+OmegaConf would interpolate (`${...}`, anywhere in a string): a resolver runs code of its own,
+and a recorded config holds resolved values only. `as_data` then drops what a stored config
+may not decide on this machine (trackers, downloads, callbacks).
+
+The overrides a sweep or run folder recorded (`repro.resume` relaunches them) are checked by
+`check_overrides`: values of the run's own keys only; no Hydra setting but the launcher's
+choice and its job count, no `_target_`, no interpolation.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from repro.errors import UserError
 
 PACKAGE = __name__.split(".")[0]
 CONF = Path(__file__).resolve().parents[3] / "conf"  # src/repro/runs/ -> the checkout
-_TARGET_LINE = re.compile(r"^\s*(?:-\s*)?_target_:\s*([\w.]+)", re.MULTILINE)
+LOCAL_LIST = Path("local") / "trusted.yaml"  # under conf/
 HOW_TO_TRUST = (
     "if you trust whoever made this file, add trust=true; or name the target in a YAML file "
-    "under conf/ (conf/local/, kept on this machine, e.g. a line `- _target_: NAME` in "
-    "conf/local/trusted.yaml)"
+    "that git tracks under conf/, or in this machine's own list, conf/local/trusted.yaml (a "
+    "line `- _target_: NAME`)"
 )
+# Keys Hydra's instantiate reads (`_target_`, `_args_`, `_partial_` ...): never from a record.
+_INSTANTIATE_KEY = re.compile(r"(?:^|[./\s{,])_[a-z]+_(?:$|[.:/\s}=])")
 
 
 class UntrustedConfigError(UserError):
@@ -51,18 +64,83 @@ def check(config: Any, source: object, trust: bool = False) -> None:
         raise UserError(f"trust={trust!r} is not allowed: true or false")
     for key, value in _leaves(watched_only(config)):
         if key == "_target_" or key.endswith("._target_"):
-            if not isinstance(value, str) or not trusted(value):
+            place = _section(key)
+            if not isinstance(value, str) or not trusted(value, place):
                 raise UntrustedConfigError(
-                    f"{source}: {key}={value!r} is not a target this checkout trusts (no YAML "
-                    "under conf/ names it, and it is no model of this project or torchvision, "
-                    f"torchvision transform or torch optimizer or scheduler); building it could "
-                    f"run any code: {HOW_TO_TRUST}"
+                    f"{source}: {key}={value!r} is not a target this checkout trusts there (no "
+                    "YAML of conf/ names it, and it is no model of this project or torchvision "
+                    "under model, torchvision transform under augment, torch optimizer or "
+                    f"scheduler under optimizer or scheduler); building it could run any code: "
+                    f"{HOW_TO_TRUST}"
                 )
-        elif isinstance(value, str) and "${" in value:
+        elif isinstance(value, str) and _interpolates(value):
             raise UntrustedConfigError(
                 f"{source}: {key}={value!r} is an interpolation, which a recorded config never "
                 f"holds and whose resolver would run: {HOW_TO_TRUST}"
             )
+
+
+def as_data(config: Any, source: object, trust: bool = False) -> dict[str, Any]:
+    """A stored config, checked (`check`), as a tool may rebuild a run from it: the values
+    that decide results are the file's; what acts on this machine beyond the tool's own
+    output is this checkout's default: no callbacks, no tracker, no download."""
+    if not isinstance(config, dict):
+        raise UntrustedConfigError(f"{source}: holds no config (a mapping of keys to values)")
+    stored = copy.deepcopy(watched_only(config))
+    check(stored, source, trust)
+    if isinstance(stored.get("data"), dict):
+        stored["data"]["download"] = False
+    if isinstance(stored.get("logger"), dict):
+        stored["logger"].update(mlflow=None, wandb=None)
+    return stored
+
+
+def check_overrides(overrides: Any, source: object, trust: bool = False) -> list[str]:
+    """Recorded command-line overrides that a relaunch may use, checked one by one: a value
+    of the run's own keys or an option of a config group; of Hydra's settings only the
+    launcher's choice and its job count (`HYDRA_ALLOWED`). Refused in one line: any other
+    `hydra.*` key, a key Hydra's instantiate reads (`_target_`, `_args_` ...) or a value
+    holding one, an interpolation, a tracker's destination, a download."""
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise UntrustedConfigError(f"{source}: its overrides are not a list of key=value strings")
+    if trust is True:
+        return list(overrides)
+    for override in overrides:
+        key, _, value = override.lstrip("~+").partition("=")
+        refused = _refused_override(key.strip(), value)
+        if refused:
+            raise UntrustedConfigError(
+                f"{source}: the recorded override {override!r} is refused: {refused}; a run "
+                "folder decides values of the run's own keys only. If you made this folder, or "
+                "trust whoever did, add trust=true"
+            )
+    return list(overrides)
+
+
+# Of Hydra's settings, a recorded command may choose the launcher among this checkout's
+# options and how many jobs it runs at once; the rest is this checkout's.
+HYDRA_ALLOWED = ("hydra/launcher", "hydra.launcher.n_jobs")
+REPLACED = ("hydra.mode", "hydra.run.dir", "hydra.sweep.dir")  # repro.resume sets them itself
+_OPTION_NAMES = re.compile(r"[\w\-,\[\]() ]*")  # `model=resnet9`, `logger=[csv,mlflow]`
+
+
+def _refused_override(key: str, value: str) -> str | None:
+    """Why a recorded `key=value` may not be relaunched, or None."""
+    if _INSTANTIATE_KEY.search(f".{key}=") or _INSTANTIATE_KEY.search(value):
+        return "it names a key Hydra's instantiate reads (_target_, _args_ ...): code to run"
+    if _interpolates(key) or _interpolates(value):
+        return "it holds an interpolation, whose resolver would run"
+    if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+        if key in REPLACED or (key in HYDRA_ALLOWED and re.fullmatch(r"[\w-]+", value)):
+            return None
+        return "a Hydra setting, which decides what runs and where files go"
+    if "." not in key and not _OPTION_NAMES.fullmatch(value):
+        return "a config group's option is a name in this checkout's conf/, not a path"
+    if key.startswith(("logger.mlflow", "logger.wandb")):
+        return "it says where the run's metrics are sent"
+    if key == "data.download" and value.strip().lower() not in ("false", "null"):
+        return "a download, which reaches the network and writes where the record says"
+    return None
 
 
 def watched_only(config: dict[str, Any]) -> dict[str, Any]:
@@ -71,27 +149,32 @@ def watched_only(config: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in config.items() if key != "callbacks"}
 
 
-def trusted(target: str) -> bool:
-    """Whether `target` is one this checkout trusts (see the module's docstring)."""
-    if target in conf_targets():
+def trusted(target: str, place: str | None = None) -> bool:
+    """Whether `target` is one this checkout trusts (see the module's docstring) at `place`,
+    the top-level section it is built in (None: anywhere its kind belongs). A kind is
+    trusted only where the template builds that kind: a model builder in `augment` would
+    still fetch its weights."""
+    places = conf_targets().get(target, frozenset())
+    if None in places or (place is None and places) or place in places:
         return True
     module, _, name = target.rpartition(".")
     if not module or not name.isidentifier():
         return False
     if module == f"{PACKAGE}.models" or module.startswith(f"{PACKAGE}.models."):
-        return _defined_in_models(module, name)
+        return place in (None, "model") and _defined_in_models(module, name)
     if module == "torchvision.models":
         import torchvision.models
 
-        return name in torchvision.models.list_models()
+        return place in (None, "model") and name in torchvision.models.list_models()
     if module in ("torchvision.transforms", "torchvision.transforms.v2"):
-        return _class_of(importlib.import_module(module), name, "torchvision.transforms")
-    if module == "torch.optim":
+        transform = _class_of(importlib.import_module(module), name, "torchvision.transforms")
+        return place in (None, "augment") and transform
+    if module == "torch.optim" and place in (None, "optimizer"):
         import torch
 
         found = getattr(torch.optim, name, None)
         return isinstance(found, type) and issubclass(found, torch.optim.Optimizer)
-    if module == "torch.optim.lr_scheduler":
+    if module == "torch.optim.lr_scheduler" and place in (None, "scheduler"):
         import torch
 
         found = getattr(torch.optim.lr_scheduler, name, None)
@@ -100,12 +183,50 @@ def trusted(target: str) -> bool:
 
 
 @functools.cache
-def conf_targets() -> frozenset[str]:
-    """Every `_target_` that a YAML file under conf/ names."""
-    found: set[str] = set()
-    for path in CONF.rglob("*.yaml"):
-        found.update(_TARGET_LINE.findall(path.read_text(errors="replace")))
-    return frozenset(found)
+def conf_targets() -> dict[str, frozenset[str | None]]:
+    """Every `_target_` key's value in the YAML files of conf/ that git tracks (all of conf/
+    but conf/local/ outside a git checkout), with the sections it is built in: its group's
+    (conf/model/x.yaml: `model`), or its top-level key in a `_global_` file; a target of
+    conf/local/trusted.yaml, anywhere (None)."""
+    found: dict[str, set[str | None]] = {}
+    for path in [*_tracked_yaml(CONF), CONF / LOCAL_LIST]:
+        try:
+            text = path.read_text()
+            parsed = yaml.safe_load(text)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # not ours to judge here: Hydra says what is wrong with a broken option
+        relative = path.relative_to(CONF)
+        anywhere = relative == LOCAL_LIST
+        group = (
+            None if len(relative.parts) == 1 or "@package _global_" in text else relative.parts[0]
+        )
+        for key, value in _leaves(parsed):
+            if (key == "_target_" or key.endswith("._target_")) and isinstance(value, str):
+                place = None if anywhere else group or _section(key)
+                found.setdefault(value, set()).add(place)
+    return {target: frozenset(places) for target, places in found.items()}
+
+
+def _section(key: str) -> str:
+    """The top-level section of a dotted key: `augment.transforms[0]._target_` -> augment."""
+    return key.split(".", 1)[0].split("[", 1)[0]
+
+
+def _tracked_yaml(conf: Path) -> list[Path]:
+    """conf/'s YAML files that git tracks: a file a run could write there is never one."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(conf), "ls-files", "-z", "--", "."],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # no git, or not a git checkout
+        return [p for p in conf.rglob("*.yaml") if (conf / "local") not in p.parents]
+    return [conf / name for name in listed.split("\0") if name.endswith(".yaml")]
+
+
+def _interpolates(value: str) -> bool:
+    """Whether OmegaConf would resolve something in `value` (`${` anywhere in it)."""
+    return "${" in value
 
 
 def _defined_in_models(module: str, name: str) -> bool:

@@ -1,5 +1,5 @@
 """Re-run a recorded run and say whether it reproduces:
-`python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true]`.
+`python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true] [download=true]`.
 
 The data is loaded and compared with the run's data fingerprint first: other data is reported
 without training. Then the recorded config (resolved_config.yaml) is trained again in a
@@ -9,6 +9,8 @@ Prints every difference between the recorded and the current environment, those 
 change floating-point results first, then "identical" or the first divergent step. Exit code
 0 only when identical. A recorded config naming a target this checkout does not trust is
 refused before anything is built or imported, unless `trust=true` (see repro.runs.trust).
+The rerun logs to no tracker and reaches no network (`download=true` lets it fetch data or
+weights): the recorded config decides results, not what this machine sends.
 """
 
 from __future__ import annotations
@@ -20,20 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from repro import build, config, schema
 from repro.data import fingerprint
-from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
 from repro.runs import resume
 from repro.runs.fingerprint_log import FingerprintLog, first_divergence
-from repro.runs.trust import check as trust_check
-from repro.runs.trust import watched_only
+from repro.runs.offline import offline
+from repro.runs.trust import as_data
 from repro.runtime import determinism, environment
 from repro.runtime.devices import select_device
 from repro.train import train
 
-USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true]"
+USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true] [download=true]"
 
 
 @dataclass
@@ -78,12 +82,25 @@ def data_changes(recorded: dict, current: dict) -> list[str]:
 
 
 def _recorded_config(
-    resolved: Path, steps: int | None, threads: int | None, env: dict, trust: bool = False
+    resolved: Path,
+    steps: int | None,
+    threads: int | None,
+    env: dict,
+    trust: bool = False,
+    download: bool = False,
 ) -> Any:
-    recorded = watched_only(OmegaConf.to_container(OmegaConf.load(resolved), resolve=False))
-    recorded = resume.upgrade(recorded)  # what would be built, checked
-    trust_check(recorded, resolved, trust)
-    cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), recorded)
+    try:
+        recorded = OmegaConf.to_container(OmegaConf.load(resolved), resolve=False)
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        raise DataError(f"{resolved}: not a config repro can read ({error})") from None
+    if isinstance(recorded, dict):
+        recorded = resume.upgrade(recorded)
+    recorded = as_data(recorded, resolved, trust)  # what would be built, checked
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), recorded)
+    except OmegaConfBaseException as error:
+        raise DataError(f"{resolved}: not a config of this template ({one_line(error)})") from None
+    cfg.data.download = download
     resume.fill_declared(cfg)  # recorded before some keys existed
     cfg.seed.mode = "fixed"  # the recorded value is the seed that was used, even if drawn
     cfg.trainer.resume = "never"
@@ -94,27 +111,48 @@ def _recorded_config(
     return cfg
 
 
+def _summary(path: Path) -> dict[str, Any]:
+    """A run's summary.json, {} if it has none; a file that is no summary is one error line."""
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: not a summary repro can read ({error})") from None
+    if not isinstance(summary, dict):
+        raise DataError(f"{path}: not a summary repro can read (no mapping)")
+    return summary
+
+
 def verify(
-    run_dir: Path, steps: int | None = None, threads: int | None = None, trust: bool = False
+    run_dir: Path,
+    steps: int | None = None,
+    threads: int | None = None,
+    trust: bool = False,
+    download: bool = False,
 ) -> Verdict:
     """Re-run `run_dir`'s config (its first `steps` steps, with its thread count unless
     `threads` is given) and compare with what it recorded. Data that differs from the
     recorded run's is reported without training. `trust`: build targets this checkout does
-    not know of (see repro.runs.trust)."""
+    not know of (see repro.runs.trust); `download`: fetch missing data (the recorded config's
+    `data.download` is never followed, nor its trackers)."""
     resolved = run_dir / "resolved_config.yaml"
     fingerprints = FingerprintLog.of_run(run_dir).path
     if not resolved.is_file() or not fingerprints.is_file():
         raise DataError(
             f"{run_dir}: not a run folder (needs resolved_config.yaml, fingerprints.csv)"
         )
-    recorded = FingerprintLog(fingerprints).read()
+    try:
+        recorded = FingerprintLog(fingerprints).read()
+    except (OSError, ValueError) as error:
+        raise DataError(f"{fingerprints}: not a fingerprint log ({error})") from None
     if not recorded:
         raise DataError(f"{fingerprints}: empty, the run recorded no step")
     if steps is not None and steps > recorded[-1][0]:
         raise ConfigError("steps", steps, f"at most the {recorded[-1][0]} steps the run recorded")
-    summary_file = run_dir / "summary.json"
-    before = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    cfg = _recorded_config(resolved, steps, threads, before.get("env", {}), trust)
+    before = _summary(run_dir / "summary.json")
+    env = before.get("env") if isinstance(before.get("env"), dict) else {}
+    cfg = _recorded_config(resolved, steps, threads, env, trust, download)
 
     verdict = Verdict(0)
     if before:
@@ -152,19 +190,20 @@ def main(argv: list[str]) -> None:
             raise ConfigError("RUN_DIR", None, f"usage: {USAGE}")
         run_dir = Path(argv[0])
         options: dict[str, int] = {}
-        trust = False
+        switches = {"trust": False, "download": False}
         for arg in argv[1:]:
             key, _, value = arg.partition("=")
-            if key == "trust" and value in ("true", "false"):
-                trust = value == "true"
+            if key in switches and value in ("true", "false"):
+                switches[key] = value == "true"
                 continue
             if key not in ("steps", "threads") or not value.isdigit() or int(value) < 1:
-                allowed = f"only steps=N and threads=N with N >= 1, and trust=true ({USAGE})"
-                raise ConfigError(key, value, allowed)
+                allowed = "only steps=N and threads=N with N >= 1, trust=true, download=true"
+                raise ConfigError(key, value, f"{allowed} ({USAGE})")
             options[key] = int(value)
         steps = options.get("steps")
         print(f"re-running {run_dir} ({f'first {steps} steps' if steps else 'all steps'}) ...")
-        verdict = verify(run_dir, steps, options.get("threads"), trust)
+        with offline(f"the config comes from {run_dir}", switches["download"]):
+            verdict = verify(run_dir, steps, options.get("threads"), **switches)
     except UserError as error:
         exit_with(error)
     for change in verdict.data:
