@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from repro.errors import UserError, exit_with
 from repro.escape import for_csv, for_terminal
 
 HYPERLINK = '=HYPERLINK("http://evil","x")'
@@ -58,3 +59,15 @@ def test_the_terminal_gets_control_characters_as_visible_escapes(text, shown):
 def test_a_csv_cell_never_starts_a_formula_and_numbers_stay_numbers(cell, written):
     got = for_csv(cell)
     assert got == written and type(got) is type(written)
+
+
+def test_the_error_line_is_escaped_and_ordinary_text_unchanged(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        exit_with(UserError(f"data.root=/d: the data has the classes [{RED}, dog\u202e]\nnext"))
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    said = r"data.root=/d: the data has the classes [cat\x1b[31m, dog\u202e]\nnext"
+    assert err == f"error: {said}\n"  # one line
+    with pytest.raises(SystemExit):
+        exit_with(UserError("out='p.csv' is not allowed: a file, 猫"))
+    assert capsys.readouterr().err == "error: out='p.csv' is not allowed: a file, 猫\n"
