@@ -4,10 +4,16 @@ sequences."""
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
+from repro import evaluate, predict
 from repro.errors import UserError, exit_with
 from repro.escape import for_csv, for_terminal
+from repro.runs.checkpoint import atomic_save, load
+
+from conftest import IMAGEFOLDER, make_image_tree, train_in_process
 
 HYPERLINK = '=HYPERLINK("http://evil","x")'
 RED = "cat\x1b[31m"  # turns the rest of the terminal red
@@ -71,3 +77,56 @@ def test_the_error_line_is_escaped_and_ordinary_text_unchanged(capsys):
     with pytest.raises(SystemExit):
         exit_with(UserError("out='p.csv' is not allowed: a file, 猫"))
     assert capsys.readouterr().err == "error: out='p.csv' is not allowed: a file, 猫\n"
+
+
+@pytest.fixture(scope="module")
+def evil(tmp_path_factory):
+    """A run on a tree whose class folders are named to trick a terminal and a spreadsheet,
+    and a copy of its checkpoint with a class renamed to a spreadsheet formula (sealed again:
+    its digest is intact, as one crafted by someone else would be)."""
+    images = make_image_tree(
+        tmp_path_factory.mktemp("tree") / "images", per_class=4, classes=("@SUM(1)", RED, "plain")
+    )
+    run_dir = tmp_path_factory.mktemp("run")
+    overrides = [o for o in IMAGEFOLDER if not o.startswith("trainer.epochs=")]
+    train_in_process(run_dir, *overrides, "trainer.epochs=1", f"data.root={images}")
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    state = load(ckpt)
+    assert state["classes"] == ["@SUM(1)", RED, "plain"]
+    crafted = run_dir / "crafted.pt"
+    atomic_save({**state, "classes": [HYPERLINK, *state["classes"][1:]]}, crafted)
+    return ckpt, crafted, images
+
+
+def test_class_names_from_a_checkpoint_reach_predictions_csv_escaped(evil, tmp_path, capsys):
+    _, crafted, images = evil
+    out = tmp_path / "predictions.csv"
+    predict.main([f"ckpt={crafted}", f"images={images / 'val'}", f"out={out}", "top_k=3"])
+    printed = capsys.readouterr()
+    with out.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 12
+    for row in rows:  # every class on every row: top 3 of 3
+        assert {row["class"], row["class_2"], row["class_3"]} == {
+            "'" + HYPERLINK,
+            r"cat\x1b[31m",
+            "plain",
+        }
+        assert float(row["probability"]) >= float(row["probability_3"]) >= 0
+    assert sum(r"/val/cat\x1b[31m/" in row["path"] for row in rows) == 4  # a folder's name too
+    for text in (out.read_text(), *printed):
+        assert "\x1b" not in text
+
+
+def test_class_names_reach_the_terminal_escaped(evil, capsys):
+    ckpt, crafted, _ = evil
+    evaluate.main([f"ckpt={ckpt}", "split=val", "per_class=true"])
+    out = capsys.readouterr().out
+    assert "\n  @SUM(1): acc " in out and "\n  cat\\x1b[31m: acc " in out
+    assert "\x1b" not in out
+    # The crafted copy names classes the data does not have: one error line, quoting them.
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main([f"ckpt={crafted}", "split=val"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "\x1b" not in err
+    assert f"trained on [{HYPERLINK}, cat\\x1b[31m, plain]" in err.splitlines()[-1]
