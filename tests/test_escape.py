@@ -5,13 +5,17 @@ sequences."""
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
+import yaml
 
 from repro import evaluate, predict
+from repro import report as report_command
 from repro.errors import UserError, exit_with
 from repro.escape import for_csv, for_terminal
 from repro.runs.checkpoint import atomic_save, load
+from repro.sweeps import report
 
 from conftest import IMAGEFOLDER, make_image_tree, train_in_process
 
@@ -77,6 +81,39 @@ def test_the_error_line_is_escaped_and_ordinary_text_unchanged(capsys):
     with pytest.raises(SystemExit):
         exit_with(UserError("out='p.csv' is not allowed: a file, 猫"))
     assert capsys.readouterr().err == "error: out='p.csv' is not allowed: a file, 猫\n"
+
+
+def _job(sweep_dir, num, overrides, summary=None, error=None):
+    folder = sweep_dir / str(num)
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps({**summary, "completed": True}))
+    if error is not None:
+        (folder / "error.txt").write_text(error)
+
+
+def test_a_sweeps_files_reach_its_csv_and_the_terminal_escaped(tmp_path, capsys):
+    summary = {"val_acc": 0.5, "val_margin": -0.5, "val_\x1b[8mx": 0.25, "seed": 0}
+    _job(tmp_path, 0, [HYPERLINK, "seed.value=0"], summary)
+    _job(tmp_path, 1, ["lr=\x1b[31mred", "seed.value=0"], error="ConfigError: \x1b]0;pwned\x07\n")
+    report_command.main([str(tmp_path)])
+    printed = capsys.readouterr()
+    with (tmp_path / "sweep_summary.csv").open(newline="") as handle:
+        header, *rows = list(csv.reader(handle))
+    cells = [dict(zip(header, row, strict=True)) for row in rows]
+    assert r"val_\x1b[8mx" in header
+    assert cells[0]["group"] == "'" + HYPERLINK
+    assert cells[0]["overrides"] == f"'{HYPERLINK} seed.value=0"
+    assert cells[0]["val_margin"] == "-0.5" and cells[0]["val_acc"] == "0.5"
+    assert cells[0][r"val_\x1b[8mx"] == "0.25"
+    assert cells[1]["group"] == r"lr=\x1b[31mred"
+    assert cells[1]["error"] == r"ConfigError: \x1b]0;pwned\x07"
+    markdown = (tmp_path / "sweep_summary.md").read_text()
+    assert r"| 1 | lr=\x1b[31mred |" in markdown and r"FAILED: ConfigError: \x1b]0;" in markdown
+    for text in (markdown, (tmp_path / "sweep_summary.csv").read_text(), *printed):
+        assert "\x1b" not in text and "\x07" not in text
+    assert printed.out == report.markdown(report.build(tmp_path))
 
 
 @pytest.fixture(scope="module")
