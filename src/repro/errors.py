@@ -6,6 +6,8 @@ import errno
 import logging
 import sys
 
+from repro.escape import for_terminal
+
 
 class UserError(Exception):
     """A mistake in the user's input (config, path, data, checkpoint), not a bug."""
@@ -51,7 +53,7 @@ def one_line(error: BaseException) -> str:
 
 def exit_with(error: UserError, code: int = 2) -> None:
     """Print the error as one line on stderr, note it in the run's log files, and exit."""
-    message = one_line(error)
+    message = for_terminal(one_line(error))  # it may quote a file's values: no escape sequences
     record = logging.makeLogRecord(
         {"name": "repro", "levelno": logging.ERROR, "levelname": "ERROR", "msg": message}
     )

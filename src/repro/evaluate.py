@@ -30,6 +30,7 @@ from repro.data.loader import Batches
 from repro.data.sources import in_memory
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
+from repro.escape import for_terminal
 from repro.files import json_text
 from repro.runs import resume
 from repro.runs.offline import offline
@@ -124,13 +125,14 @@ def main(argv: list[str]) -> None:
         f"{result['split']}: loss {result['loss']:.4f}  acc {result['acc']:.4f}  "
         f"({result['images']} images, checkpoint step {result['step']}{views})"
     )
+    # Class and metric names come from the checkpoint: no escape sequence reaches the terminal.
     for row in result.get("per_class", []):
         shown = "-" if row["acc"] is None else f"{row['acc']:.4f}"
-        print(f"  {row['class']}: acc {shown} ({row['images']} images)")
+        print(f"  {for_terminal(row['class'])}: acc {shown} ({row['images']} images)")
     for name in result.get("metrics", []):  # a number, or a matrix row by row
-        value = result[name]
+        value, label = result[name], for_terminal(name)
         rows = [" ".join(map(str, row)) for row in value] if isinstance(value, list) else []
-        print(f"  {name}: {value:.4f}" if not rows else "\n    ".join([f"  {name}:", *rows]))
+        print(f"  {label}: {value:.4f}" if not rows else "\n    ".join([f"  {label}:", *rows]))
     if out is not None:
         write_result(out, json_text(result))
 

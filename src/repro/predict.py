@@ -32,6 +32,7 @@ from repro.data.loader import Batches
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.escape import for_csv
 from repro.runs.offline import offline
 from repro.runs.restore import arguments, output_file, restore, write_result
 
@@ -111,7 +112,8 @@ def main(argv: list[str]) -> None:
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, list(rows[0]))
     writer.writeheader()
-    writer.writerows(rows)
+    # Class names come from the checkpoint, paths from a folder: none may run in a spreadsheet.
+    writer.writerows({key: for_csv(value) for key, value in row.items()} for row in rows)
     write_result(out, text.getvalue())
     print(f"{len(rows)} images: predictions in {out}")
 

@@ -31,6 +31,7 @@ from repro.data import fingerprint
 from repro.engine import assembly
 from repro.engine.loop import Trainer
 from repro.errors import StorageError, UserError, exit_with, one_line
+from repro.escape import for_terminal
 from repro.files import write_json_atomic, write_text_atomic
 from repro.runs import final_test, history, resume, run_lock
 from repro.runs.checkpoint import Checkpointer
@@ -265,7 +266,8 @@ def main(cfg: DictConfig) -> float | None:
                 exit_with(error)
             raise
         # One job failing must not end the sweep: record why, let the launcher go on.
-        log.error("job failed: %s", one_line(error), exc_info=not isinstance(error, UserError))
+        said = for_terminal(one_line(error))  # to the console too: it may quote a file's values
+        log.error("job failed: %s", said, exc_info=not isinstance(error, UserError))
         if not isinstance(error, run_lock.RunFolderInUseError):  # the folder is another run's
             _note_failure(run_dir, error)
         return None

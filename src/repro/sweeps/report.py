@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from repro.escape import for_csv, for_terminal
 from repro.files import write_text_atomic
 from repro.sweeps import DECISION_FILE, ERROR_FILE
 from repro.sweeps.stats import difference_of_means, paired_difference, summarize
@@ -227,7 +228,8 @@ def markdown(report: Report) -> str:
         sha = s.get("weights_sha256", "")[:16]
         seed, acc, test = s.get("seed", ""), _fmt(s.get("val_acc")), _fmt(s.get("test_acc"))
         lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {test} | {sha} | {status} |")
-    return "\n".join(lines) + "\n"
+    # Groups, errors and metric names come from the jobs' files, and the table is printed.
+    return "\n".join(map(for_terminal, lines)) + "\n"
 
 
 def _adaptive_lines(decision: dict[str, Any]) -> list[str]:
@@ -272,9 +274,11 @@ def write(report: Report) -> None:
     columns = ["job", "group", "overrides", "status", "error", "seed", "weights_sha256"]
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, [*columns, *report.metrics])
-    writer.writeheader()
+    # The jobs' files name the groups, errors and metrics: no cell may run in a spreadsheet.
+    writer.writerow({name: for_csv(name) for name in writer.fieldnames})
     for row in payload["jobs"]:
-        writer.writerow({**row, "overrides": " ".join(row["overrides"])})
+        cells = {**row, "overrides": " ".join(row["overrides"])}
+        writer.writerow({name: for_csv(value) for name, value in cells.items()})
     write_text_atomic(folder / "sweep_summary.csv", table.getvalue())
     write_text_atomic(folder / "sweep_summary.md", markdown(report))
     plot(report, folder / "sweep.png")
