@@ -1,4 +1,5 @@
-"""Finish what a run or a sweep left undone: `python -m repro.resume PATH [force=true]`.
+"""Finish what a run or a sweep left undone:
+`python -m repro.resume PATH [force=true] [trust=true]`.
 
 A sweep folder (it holds Hydra's `multirun.yaml`): its jobs are Hydra's own expansion of the
 recorded overrides (the basic sweeper's grid, numbered as Hydra numbered it), so a job that
@@ -13,6 +14,13 @@ Before anything runs, what each job recorded of its environment (every attempt's
 attempts.jsonl, else summary.json's: library versions, lock hash, commit, CPU, device) and the
 hash of its source.patch are compared with this checkout's; any difference is listed and the
 resume refused (exit 2) unless `force=true`.
+
+A sweep or run folder may come from someone else, so its records are data: the relaunch takes
+from them only overrides `trust.check_overrides` lets through (values of the run's keys,
+config-group options, the launcher's choice and job count; never a `_target_`, another Hydra
+setting or an interpolation), a config name that is a file of this checkout's conf/, and a
+hash seed that is one; it runs in this process's working directory, never the recorded one,
+and imports nothing from it (PYTHONSAFEPATH). `trust=true` lifts the override check.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -28,13 +37,15 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
+from repro.escape import for_terminal
 from repro.files import write_text_atomic
-from repro.runs import run_lock
-from repro.runs.history import RunHistory
+from repro.resume import overrides as recorded_overrides
+from repro.runs import run_lock, trust
+from repro.runs.history import ATTEMPTS_FILE, RunHistory
 from repro.sweeps import ERROR_FILE, report
 
-USAGE = "python -m repro.resume PATH [force=true]"
+USAGE = "python -m repro.resume PATH [force=true] [trust=true]"
 SWEEP_RECORD = "multirun.yaml"
 COMPLETE = "complete"
 
@@ -154,7 +165,7 @@ def _before_running(path: Path, recorded: list[Path], unfinished: list[Path], fo
 
     changes = environment_changes(recorded)
     for line in changes:
-        print(f"  {line}", file=sys.stderr)
+        print(for_terminal(f"  {line}"), file=sys.stderr)
     if changes and not force:
         raise UserError(
             f"{path}: the code or environment differs from the one its runs recorded "
@@ -166,90 +177,135 @@ def _before_running(path: Path, recorded: list[Path], unfinished: list[Path], fo
             pass
 
 
-def _relaunch(recorded: dict[str, Any], folder: str, task: list[str], env: dict | None) -> int:
+class Relaunch(NamedTuple):
+    """What `python -m repro.train` is run with, every part checked (`_checked_relaunch`)."""
+
+    config_name: str
+    hydra: list[str]  # the launcher's choice and settings
+    task: list[str]
+    hash_seed: str | None
+
+
+def _checked_relaunch(
+    recorded: dict[str, Any], task: Any, env: dict | None, source: Path, trusted: bool
+) -> Relaunch:
+    """The relaunch a record asks for, refused in one line where it asks for more than
+    values: see the module's docstring."""
+    hydra = recorded_overrides.check(recorded["overrides"]["hydra"], source, trusted)
+    hydra = [o for o in hydra if o.lstrip("~+").split("=", 1)[0] not in recorded_overrides.REPLACED]
+    task = recorded_overrides.check(task, source, trusted)
+    name = recorded["job"].get("config_name", "config")  # absent: the entry point's default
+    if not isinstance(name, str) or not re.fullmatch(r"[\w-]+", name):
+        raise DataError(f"{source}: config name {name!r} is not a file name of conf/")
+    if not (trust.CONF / f"{name}.yaml").is_file():
+        raise DataError(f"{source}: config name {name!r}: this checkout has no conf/{name}.yaml")
+    seed = (env or {}).get("pythonhashseed")
+    if seed is not None and not re.fullmatch(r"random|\d{1,10}", str(seed)):
+        raise DataError(f"{source}: recorded hash seed {seed!r} is not random or a number")
+    return Relaunch(name, hydra, task, None if seed is None else str(seed))
+
+
+def _relaunch(recorded: dict[str, Any], folder: str, run: Relaunch) -> int:
     """`python -m repro.train` into the same output folder (`folder`: `hydra.run.dir=...` or
-    `hydra.sweep.dir=...`) with the recorded hydra overrides (the launcher and its settings) and
-    the `task` overrides, from the recorded working directory, with the recorded hash seed; its
-    output goes straight to ours. Returns its exit status, as a shell would."""
-    child_env = dict(os.environ)
-    if env and env.get("pythonhashseed") is not None:
-        child_env["PYTHONHASHSEED"] = str(env["pythonhashseed"])
-    replaced = ("hydra.mode", folder.split("=", 1)[0])
-    hydra = [o for o in recorded["overrides"]["hydra"] if o.split("=", 1)[0] not in replaced]
+    `hydra.sweep.dir=...`) with the checked `run`, in this process's working directory, with
+    the recorded hash seed; its output goes straight to ours. Returns its exit status, as a
+    shell would."""
+    child_env = dict(os.environ, PYTHONSAFEPATH="1")  # nothing imported from the folder we run in
+    if run.hash_seed is not None:
+        child_env["PYTHONHASHSEED"] = run.hash_seed
+    started_in = recorded.get("runtime", {}).get("cwd")
+    if started_in and Path(str(started_in)) != Path.cwd():
+        shown = for_terminal(repr(str(started_in)))
+        print(
+            f"note: it was started in {shown}; relative paths now resolve from here, {Path.cwd()}"
+        )
     mode = ["--multirun"] if recorded["mode"] == "MULTIRUN" else []
-    arguments = [*mode, f"--config-name={recorded['job']['config_name']}", *hydra, folder, *task]
-    print(f"running: {shlex.join(['python', '-m', 'repro.train', *arguments])}", flush=True)
-    cwd = Path(recorded["runtime"]["cwd"])
+    arguments = [*mode, f"--config-name={run.config_name}", *run.hydra, folder, *run.task]
+    shown = for_terminal(shlex.join(["python", "-m", "repro.train", *arguments]))
+    print(f"running: {shown}", flush=True)
     command = [sys.executable, "-m", "repro.train", *arguments]
-    done = subprocess.run(command, cwd=cwd if cwd.is_dir() else None, env=child_env, check=False)
+    done = subprocess.run(command, env=child_env, check=False)
     return done.returncode if done.returncode >= 0 else 128 - done.returncode
 
 
-def resume_sweep(sweep_dir: Path, force: bool) -> int:
+def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
     record = sweep_dir / SWEEP_RECORD
     first_record = record.read_text()
     recorded = yaml.safe_load(first_record)["hydra"]
     jobs = sweep_jobs(sweep_dir, recorded)
+    for job in jobs:  # the sweeper's params expanded too: each job is a command line
+        recorded_overrides.check(job.overrides, record, trusted)
     todo = [job for job in jobs if job.state != COMPLETE]
+    with_records = sorted(p.parent for p in sweep_dir.glob("*/attempts.jsonl"))
+    env = next(filter(None, map(_recorded_environment, with_records)), None)
+    relaunch = _checked_relaunch(recorded, recorded["overrides"]["task"], env, record, trusted)
     if not todo:
         report.write(report.build(sweep_dir))
         print(f"complete: all {len(jobs)} jobs of {sweep_dir} are done; report rewritten")
         return 0
-    with_records = sorted(p.parent for p in sweep_dir.glob("*/attempts.jsonl"))
     started = [job.folder for job in todo if job.folder is not None]
     _before_running(sweep_dir, with_records, started, force)
     shared = set.intersection(*(set(job.overrides) for job in jobs))
     print(f"{sweep_dir}: {len(jobs) - len(todo)} of {len(jobs)} jobs complete; to run:")
     for job in todo:
         own = " ".join(o for o in job.overrides if o not in shared)
-        print(f"  job {job.num} ({job.state}): {own}")
+        print(for_terminal(f"  job {job.num} ({job.state}): {own}"))
     for folder in started:  # its line is in its train.log too; a new failure writes it again
         (folder / ERROR_FILE).unlink(missing_ok=True)
-    env = next(filter(None, map(_recorded_environment, with_records)), None)
-    folder = f"hydra.sweep.dir={sweep_dir.absolute()}"
-    returncode = _relaunch(recorded, folder, recorded["overrides"]["task"], env)
+    returncode = _relaunch(recorded, f"hydra.sweep.dir={sweep_dir.absolute()}", relaunch)
     write_text_atomic(record, first_record)  # Hydra wrote the relaunch's over the sweep's own
     if returncode != 0:  # the multirun did not get to write the report
         report.write(report.build(sweep_dir))
     return returncode
 
 
-def resume_run(run_dir: Path, force: bool) -> int:
+def resume_run(run_dir: Path, force: bool, trusted: bool = False) -> int:
     recorded = _hydra_record(run_dir)
     if recorded["mode"] == "MULTIRUN":
         raise DataError(
-            f"{run_dir} is job {recorded['job']['num']} of a sweep: resume the sweep, which "
+            f"{run_dir} is job {recorded['job']['num']!r} of a sweep: resume the sweep, which "
             f"runs it with the sweep's launcher (python -m repro.resume {run_dir.parent})"
         )
     summary = _summary(run_dir)
     if summary.get("completed"):
-        print(f"complete: {run_dir} holds all {summary['step']} steps; nothing to do")
+        print(f"complete: {run_dir} holds all {summary.get('step')!r} steps; nothing to do")
         return 0
-    _before_running(run_dir, [run_dir], [run_dir], force)
     attempts = RunHistory(run_dir).attempts()  # the last one's overrides: an extension's too
     task = attempts[-1]["overrides"] if attempts else recorded["overrides"]["task"]
-    folder = f"hydra.run.dir={run_dir.absolute()}"
-    return _relaunch(recorded, folder, task, _recorded_environment(run_dir))
+    source = run_dir / (ATTEMPTS_FILE if attempts else ".hydra/hydra.yaml")
+    env = _recorded_environment(run_dir)
+    relaunch = _checked_relaunch(recorded, task, env, source, trusted)
+    _before_running(run_dir, [run_dir], [run_dir], force)
+    return _relaunch(recorded, f"hydra.run.dir={run_dir.absolute()}", relaunch)
+
+
+# What a record holds when it is damaged or not one of ours: read as data, they end in one line.
+_MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, yaml.YAMLError, OSError)
 
 
 def main(argv: list[str]) -> None:
     try:
         if not argv or "=" in argv[0]:
             raise ConfigError("PATH", None, f"usage: {USAGE}")
-        path, force = Path(argv[0]), False
+        path, switches = Path(argv[0]), {"force": False, "trust": False}
         for arg in argv[1:]:
-            if arg not in ("force=true", "force=false"):
-                raise ConfigError(arg.partition("=")[0], arg.partition("=")[2], USAGE)
-            force = arg == "force=true"
-        if (path / SWEEP_RECORD).is_file():
-            returncode = resume_sweep(path, force)
-        elif (path / ".hydra" / "hydra.yaml").is_file():
-            returncode = resume_run(path, force)
-        else:
-            raise DataError(
-                f"{path}: neither a sweep folder (no {SWEEP_RECORD}) nor a run folder (no "
-                ".hydra/hydra.yaml)"
-            )
+            key, _, value = arg.partition("=")
+            if key not in switches or value not in ("true", "false"):
+                raise ConfigError(key, value, USAGE)
+            switches[key] = value == "true"
+        try:
+            if (path / SWEEP_RECORD).is_file():
+                returncode = resume_sweep(path, switches["force"], switches["trust"])
+            elif (path / ".hydra" / "hydra.yaml").is_file():
+                returncode = resume_run(path, switches["force"], switches["trust"])
+            else:
+                raise DataError(
+                    f"{path}: neither a sweep folder (no {SWEEP_RECORD}) nor a run folder (no "
+                    ".hydra/hydra.yaml)"
+                )
+        except _MALFORMED as error:
+            reason = (one_line(error).strip().splitlines() or [type(error).__name__])[0]
+            raise DataError(f"{path}: its records are damaged or not repro's ({reason})") from None
     except UserError as error:
         exit_with(error)
     raise SystemExit(returncode)

@@ -17,9 +17,8 @@ OmegaConf would interpolate (`${...}`, anywhere in a string): a resolver runs co
 and a recorded config holds resolved values only. `as_data` then drops what a stored config
 may not decide on this machine (trackers, downloads, callbacks).
 
-The overrides a sweep or run folder recorded (`repro.resume` relaunches them) are checked by
-`check_overrides`: values of the run's own keys only; no Hydra setting but the launcher's
-choice and its job count, no `_target_`, no interpolation.
+The overrides a sweep or run folder recorded are checked the same way by
+`repro.resume.overrides`, before `repro.resume` or the Optuna sweeper relaunch them.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,8 +43,6 @@ HOW_TO_TRUST = (
     "that git tracks under conf/, or in this machine's own list, conf/local/trusted.yaml (a "
     "line `- _target_: NAME`)"
 )
-# Keys Hydra's instantiate reads (`_target_`, `_args_`, `_partial_` ...): never from a record.
-_INSTANTIATE_KEY = re.compile(r"(?:^|[./\s{,])_[a-z]+_(?:$|[.:/\s}=])")
 
 
 class UntrustedConfigError(UserError):
@@ -73,7 +69,7 @@ def check(config: Any, source: object, trust: bool = False) -> None:
                     f"scheduler under optimizer or scheduler); building it could run any code: "
                     f"{HOW_TO_TRUST}"
                 )
-        elif isinstance(value, str) and _interpolates(value):
+        elif isinstance(value, str) and interpolates(value):
             raise UntrustedConfigError(
                 f"{source}: {key}={value!r} is an interpolation, which a recorded config never "
                 f"holds and whose resolver would run: {HOW_TO_TRUST}"
@@ -93,54 +89,6 @@ def as_data(config: Any, source: object, trust: bool = False) -> dict[str, Any]:
     if isinstance(stored.get("logger"), dict):
         stored["logger"].update(mlflow=None, wandb=None)
     return stored
-
-
-def check_overrides(overrides: Any, source: object, trust: bool = False) -> list[str]:
-    """Recorded command-line overrides that a relaunch may use, checked one by one: a value
-    of the run's own keys or an option of a config group; of Hydra's settings only the
-    launcher's choice and its job count (`HYDRA_ALLOWED`). Refused in one line: any other
-    `hydra.*` key, a key Hydra's instantiate reads (`_target_`, `_args_` ...) or a value
-    holding one, an interpolation, a tracker's destination, a download."""
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise UntrustedConfigError(f"{source}: its overrides are not a list of key=value strings")
-    if trust is True:
-        return list(overrides)
-    for override in overrides:
-        key, _, value = override.lstrip("~+").partition("=")
-        refused = _refused_override(key.strip(), value)
-        if refused:
-            raise UntrustedConfigError(
-                f"{source}: the recorded override {override!r} is refused: {refused}; a run "
-                "folder decides values of the run's own keys only. If you made this folder, or "
-                "trust whoever did, add trust=true"
-            )
-    return list(overrides)
-
-
-# Of Hydra's settings, a recorded command may choose the launcher among this checkout's
-# options and how many jobs it runs at once; the rest is this checkout's.
-HYDRA_ALLOWED = ("hydra/launcher", "hydra.launcher.n_jobs")
-REPLACED = ("hydra.mode", "hydra.run.dir", "hydra.sweep.dir")  # repro.resume sets them itself
-_OPTION_NAMES = re.compile(r"[\w\-,\[\]() ]*")  # `model=resnet9`, `logger=[csv,mlflow]`
-
-
-def _refused_override(key: str, value: str) -> str | None:
-    """Why a recorded `key=value` may not be relaunched, or None."""
-    if _INSTANTIATE_KEY.search(f".{key}=") or _INSTANTIATE_KEY.search(value):
-        return "it names a key Hydra's instantiate reads (_target_, _args_ ...): code to run"
-    if _interpolates(key) or _interpolates(value):
-        return "it holds an interpolation, whose resolver would run"
-    if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-        if key in REPLACED or (key in HYDRA_ALLOWED and re.fullmatch(r"[\w-]+", value)):
-            return None
-        return "a Hydra setting, which decides what runs and where files go"
-    if "." not in key and not _OPTION_NAMES.fullmatch(value):
-        return "a config group's option is a name in this checkout's conf/, not a path"
-    if key.startswith(("logger.mlflow", "logger.wandb")):
-        return "it says where the run's metrics are sent"
-    if key == "data.download" and value.strip().lower() not in ("false", "null"):
-        return "a download, which reaches the network and writes where the record says"
-    return None
 
 
 def watched_only(config: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +172,7 @@ def _tracked_yaml(conf: Path) -> list[Path]:
     return [conf / name for name in listed.split("\0") if name.endswith(".yaml")]
 
 
-def _interpolates(value: str) -> bool:
+def interpolates(value: str) -> bool:
     """Whether OmegaConf would resolve something in `value` (`${` anywhere in it)."""
     return "${" in value
 

@@ -33,6 +33,7 @@ from hydra_plugins.hydra_optuna_sweeper._impl import (
 from optuna.trial import TrialState
 
 from repro.errors import ConfigError, UserError, exit_with
+from repro.resume import overrides as recorded_overrides
 from repro.runs import run_lock
 from repro.search.study import Objective, open_study, storage_url, write_summary
 from repro.sweeps import ERROR_FILE
@@ -116,16 +117,28 @@ class StudySweeperImpl(OptunaSweeperImpl):
                 study.tell(trial.number, state=TrialState.FAIL)
                 continue
             if batch and (trial.number != batch[-1].number + 1 or len(batch) == self.n_jobs):
-                if not self._rerun(study, batch, fixed, direction):
+                if not self._rerun(study, batch, space, fixed, direction):
                     return False
                 batch = []
             batch.append(trial)
-        return not batch or self._rerun(study, batch, fixed, direction)
+        return not batch or self._rerun(study, batch, space, fixed, direction)
 
-    def _rerun(self, study: optuna.Study, trials: list, fixed: dict, direction: str) -> bool:
+    def _rerun(
+        self, study: optuna.Study, trials: list, space: dict, fixed: dict, direction: str
+    ) -> bool:
+        """Launch `trials` again with their recorded parameters. The study's database is a
+        file of the sweep folder, which may come from someone else: it gives values of the
+        search space's keys only (this command's), each checked as a recorded override."""
         log.info("trials %s were left running by a stopped sweep: they go on in their folders",
                  [t.number for t in trials])  # fmt: skip
-        overrides = [tuple(f"{k}={v}" for k, v in {**t.params, **fixed}.items()) for t in trials]
+        source = f"{storage_url(self.storage)} (trial parameters)"
+        overrides = []
+        for t in trials:
+            kept = {k: v for k, v in t.params.items() if k in space}
+            recorded_overrides.check(
+                [f"{k}={v}" for k, v in kept.items() if k not in fixed], source
+            )
+            overrides.append(tuple(f"{k}={v}" for k, v in {**kept, **fixed}.items()))
         return self._run(study, [t.number for t in trials], overrides, direction)
 
     def _sampler_for(self, number: int) -> Any:

@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from repro import build, config, schema
 from repro.data import fingerprint
 from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
+from repro.escape import for_terminal
 from repro.runs import resume
 from repro.runs.fingerprint_log import FingerprintLog, first_divergence
 from repro.runs.offline import offline
@@ -207,11 +208,11 @@ def main(argv: list[str]) -> None:
     except UserError as error:
         exit_with(error)
     for change in verdict.data:
-        print(f"data differs: {change}")
+        print(for_terminal(f"data differs: {change}"))
     for change in verdict.environment:
-        print(f"environment differs: {change}")
+        print(for_terminal(f"environment differs: {change}"))
     if verdict.identical:
         print(f"identical: {verdict.steps_compared} steps, every loss and weights hash matches")
         raise SystemExit(0)
-    print(f"diverged at {verdict.divergence}")
+    print(for_terminal(f"diverged at {verdict.divergence}"))
     raise SystemExit(1)

@@ -1,0 +1,65 @@
+"""What a recorded command line may relaunch: values, never code, settings or places.
+
+`repro.resume` reruns the overrides a sweep or run folder recorded (`multirun.yaml`,
+`.hydra/hydra.yaml`, attempts.jsonl), and the Optuna sweeper a killed trial's parameters
+from its study's database: files that may come from someone else. Each override must be a
+value of the run's own keys or an option name of a config group; of Hydra's settings only the
+launcher's choice and its job count. Everything else is refused in one line, unless the user
+says `trust=true` (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from repro.runs.trust import UntrustedConfigError, interpolates
+
+# Of Hydra's settings, a recorded command may choose the launcher among this checkout's
+# options and how many jobs it runs at once; the rest is this checkout's.
+HYDRA_ALLOWED = ("hydra/launcher", "hydra.launcher.n_jobs")
+REPLACED = ("hydra.mode", "hydra.run.dir", "hydra.sweep.dir")  # repro.resume sets them itself
+# Keys Hydra's instantiate reads (`_target_`, `_args_`, `_partial_` ...): never from a record.
+_INSTANTIATE_KEY = re.compile(r"(?:^|[./\s{,])_[a-z]+_(?:$|[.:/\s}=])")
+_OPTION_NAMES = re.compile(r"[\w\-,\[\]() ]*")  # `model=resnet9`, `logger=[csv,mlflow]`
+
+
+def check(overrides: Any, source: object, trust: bool = False) -> list[str]:
+    """Recorded command-line overrides that a relaunch may use, checked one by one: a value
+    of the run's own keys or an option of a config group; of Hydra's settings only the
+    launcher's choice and its job count (`HYDRA_ALLOWED`). Refused in one line: any other
+    `hydra.*` key, a key Hydra's instantiate reads (`_target_`, `_args_` ...) or a value
+    holding one, an interpolation, a tracker's destination, a download."""
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise UntrustedConfigError(f"{source}: its overrides are not a list of key=value strings")
+    if trust is True:
+        return list(overrides)
+    for override in overrides:
+        key, _, value = override.lstrip("~+").partition("=")
+        refused = _refused_override(key.strip(), value)
+        if refused:
+            raise UntrustedConfigError(
+                f"{source}: the recorded override {override!r} is refused: {refused}; a run "
+                "folder decides values of the run's own keys only. If you made this folder, or "
+                "trust whoever did, add trust=true"
+            )
+    return list(overrides)
+
+
+def _refused_override(key: str, value: str) -> str | None:
+    """Why a recorded `key=value` may not be relaunched, or None."""
+    if _INSTANTIATE_KEY.search(f".{key}=") or _INSTANTIATE_KEY.search(value):
+        return "it names a key Hydra's instantiate reads (_target_, _args_ ...): code to run"
+    if interpolates(key) or interpolates(value):
+        return "it holds an interpolation, whose resolver would run"
+    if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+        if key in REPLACED or (key in HYDRA_ALLOWED and re.fullmatch(r"[\w-]+", value)):
+            return None
+        return "a Hydra setting, which decides what runs and where files go"
+    if "." not in key and not _OPTION_NAMES.fullmatch(value):
+        return "a config group's option is a name in this checkout's conf/, not a path"
+    if key.startswith(("logger.mlflow", "logger.wandb")):
+        return "it says where the run's metrics are sent"
+    if key == "data.download" and value.strip().lower() not in ("false", "null"):
+        return "a download, which reaches the network and writes where the record says"
+    return None

@@ -1,0 +1,354 @@
+"""Files from someone else are data (docs/security.md): what a run folder, sweep folder or
+checkpoint records decides values only, never what runs, where we write or what we send.
+One regression test per way the issue found through; tests/test_folder_guard.py holds the
+symlinks, tests/test_escape.py the escaping, tests/test_files_from_others_fuzz.py the fuzzer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repro.evaluate import main as evaluate_main
+from repro.resume import command as resume
+from repro.resume import overrides as recorded_overrides
+from repro.runs import checkpoint, offline, trust
+from repro.runs.trust import UntrustedConfigError
+from repro.verify import command as verify
+
+from conftest import ROOT, tiny, train_in_process
+
+RUN = tiny("trainer.max_steps=2", "model.widths=[8,16]")
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def exit_code(main, *argv: str) -> int:
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    return done.value.code
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    train_in_process(run_dir, *RUN)
+    return run_dir
+
+
+# --- 1. repro.resume relaunches values, never code, settings or places from the record ---
+
+
+def shell_callback(marker: Path) -> list[str]:
+    """The issue's payload: a Hydra callback that runs a shell command when the job starts."""
+    return [
+        "+hydra.callbacks.x._target_=asyncio.run",
+        "+hydra.callbacks.x.main._target_=asyncio.create_subprocess_shell",
+        f"+hydra.callbacks.x.main.cmd='touch {marker}'",
+    ]
+
+
+def run_record(folder: Path, hydra: list[str], task: list[str], **job) -> Path:
+    """A run folder holding only .hydra/hydra.yaml, as the issue's attacker made it."""
+    (folder / ".hydra").mkdir(parents=True)
+    record = {
+        "mode": "RUN",
+        "job": {"num": 0, "config_name": "config", **job},
+        "runtime": {"cwd": str(folder)},
+        "overrides": {"hydra": hydra, "task": task},
+    }
+    (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": record}))
+    return folder
+
+
+def sweep_record(folder: Path, hydra: list[str], task: list[str]) -> Path:
+    folder.mkdir(parents=True)
+    record = {
+        "mode": "MULTIRUN",
+        "job": {"config_name": "config"},
+        "runtime": {"cwd": str(folder)},
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"},
+        "overrides": {"hydra": ["hydra.mode=MULTIRUN", *hydra], "task": task},
+    }
+    (folder / "multirun.yaml").write_text(yaml.safe_dump({"hydra": record}))
+    return folder
+
+
+PAYLOADS = {  # name -> (hydra overrides, task overrides); the marker is filled in
+    "hydra callback": (shell_callback, lambda m: []),
+    "hydra search path": (lambda m: [f"hydra.searchpath=[file://{m.parent}]"], lambda m: []),
+    "hydra env": (lambda m: ["hydra.job.env_set.LD_PRELOAD=/tmp/x.so"], lambda m: []),
+    "new target": (lambda m: [], lambda m: ["+callbacks.x._target_=pathlib.Path.touch"]),
+    "target in a value": (lambda m: [], lambda m: ["+callbacks.x={_target_: os.system}"]),
+    "interpolation": (lambda m: [], lambda m: ["trainer.tta=x${oc.env:HOME}"]),
+    "group as a path": (lambda m: [], lambda m: [f"model=../../../..{m.parent}/evil"]),
+    "tracker destination": (lambda m: [], lambda m: [f"logger.mlflow.tracking_uri={m}"]),
+    "download": (lambda m: [], lambda m: ["data.download=true", f"data.root={m}"]),
+}
+
+
+@pytest.mark.parametrize("kind", ["run", "sweep", "attempts"])
+@pytest.mark.parametrize("payload", sorted(PAYLOADS))
+def test_resume_refuses_every_recorded_override_that_is_more_than_a_value(
+    payload, kind, tmp_path, capsys
+):
+    marker = tmp_path / "outside" / "marker"
+    marker.parent.mkdir()
+    hydra, task = (make(marker) for make in PAYLOADS[payload])
+    if kind == "sweep":
+        folder = sweep_record(tmp_path / "sweep", hydra, [*task, "seed.value=0,1"])
+    elif kind == "run":
+        folder = run_record(tmp_path / "run", hydra, task)
+    else:  # a run's last attempt's overrides are what it reruns
+        folder = run_record(tmp_path / "run", hydra, [])
+        line = {"attempt": 1, "overrides": task, "result": "running", "env": {}}
+        (folder / "attempts.jsonl").write_text(json.dumps(line) + "\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert exit_code(resume.main, str(folder)) == 2
+    assert "refused" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # not even run.lock
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("job", "env", "expected"),
+    [
+        ({"config_name": "../../../tmp/evil"}, {}, "not a file name of conf/"),
+        ({"config_name": "no_such_config"}, {}, "has no conf/no_such_config.yaml"),
+        ({}, {"pythonhashseed": "0 -c import os"}, "hash seed"),
+    ],
+)
+def test_resume_refuses_a_config_name_or_hash_seed_that_is_not_ours(
+    job, env, expected, tmp_path, capsys
+):
+    folder = run_record(tmp_path / "run", [], [], **job)
+    line = {"attempt": 1, "overrides": [], "result": "running", "env": env}
+    (folder / "attempts.jsonl").write_text(json.dumps(line) + "\n")
+    assert exit_code(resume.main, str(folder)) == 2
+    assert expected in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "hydra: [1, 2]",
+        "hydra: {mode: RUN, job: {num: 0}}",
+        "hydra: {mode: RUN, job: {config_name: config}, overrides: {hydra: [], task: [3]}}",
+        "hydra: {mode: RUN, job: {config_name: config}, overrides: {hydra: [], task: x=1}}",
+        "{{{",
+    ],
+)
+def test_a_damaged_record_is_one_line(record, tmp_path, capsys):
+    (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    (tmp_path / "run" / ".hydra" / "hydra.yaml").write_text(record)
+    assert exit_code(resume.main, str(tmp_path / "run")) == 2
+    one_error_line(capsys)
+
+
+@pytest.mark.e2e
+def test_resume_runs_in_this_directory_and_never_imports_from_the_recorded_one(tmp_path):
+    marker = tmp_path / "marker"
+    planted = tmp_path / "planted"
+    (planted / "repro").mkdir(parents=True)
+    (planted / "repro" / "__init__.py").write_text("")
+    (planted / "repro" / "train.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    folder = run_record(tmp_path / "run", [], tiny("trainer.max_steps=2"))
+    record = yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())
+    record["hydra"]["runtime"]["cwd"] = str(planted)
+    (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(record))
+    done = subprocess.run(  # from another folder: the relaunch runs here, not where recorded
+        [sys.executable, "-m", "repro.resume", str(folder)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()
+    assert json.loads((folder / "summary.json").read_text())["completed"]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "hydra.sweep.dir=/somewhere",
+        "hydra.mode=MULTIRUN",
+        "seed.value=0,1,2",
+        "trainer.epochs=1,2",
+        "model=resnet9",
+        "logger=[csv,mlflow]",
+        "+experiment=cifar10_resnet18",
+        "data.root=/data/cifar",
+        "data.download=false",
+        "optimizer.lr=choice(0.1,0.05)",
+        "~trainer.halt_at_step",
+    ],
+)
+def test_a_value_or_an_option_of_this_checkout_is_relaunched(override):
+    assert recorded_overrides.check([override], "record") == [override]
+
+
+def test_trust_true_relaunches_what_the_user_vouches_for():
+    risky = ["hydra.launcher.setup=[echo hi]", "+callbacks.x._target_=theirs.Callback"]
+    assert recorded_overrides.check(risky, "record", trust=True) == risky
+    with pytest.raises(UntrustedConfigError, match=r"hydra\.launcher\.setup"):
+        recorded_overrides.check(risky, "record")
+
+
+# --- 3. verify and evaluate log to no tracker, download nothing, reach no network ---
+
+
+def test_verify_takes_no_tracker_and_no_download_from_the_record(trained, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    store = tmp_path / "outside" / "mlruns"
+    resolved["logger"]["mlflow"] = {"tracking_uri": f"file://{store}", "experiment": "x"}
+    resolved["data"]["download"] = True
+    (run_dir / "resolved_config.yaml").write_text(yaml.safe_dump(resolved))
+    assert exit_code(verify.main, str(run_dir), "steps=2") == 0  # logging changes no result
+    assert "identical" in capsys.readouterr().out
+    assert not (tmp_path / "outside").exists()
+
+
+def test_verify_downloads_no_dataset_the_record_names(trained, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    root = tmp_path / "outside" / "cifar"
+    resolved["data"].update(_target_="repro.data.datasets.cifar10", download=True, root=str(root))
+    (run_dir / "resolved_config.yaml").write_text(yaml.safe_dump(resolved))
+    assert exit_code(verify.main, str(run_dir), "steps=2") == 2
+    one_error_line(capsys)
+    assert not (tmp_path / "outside").exists()
+
+
+def test_nothing_reaches_the_network_inside_offline():
+    import socket
+
+    with offline.offline("the config comes from a file"):
+        with pytest.raises(offline.NetworkRefusedError, match="download=true"):
+            socket.create_connection(("192.0.2.1", 80), timeout=0.1)  # TEST-NET: never routed
+        with pytest.raises(offline.NetworkRefusedError):
+            socket.getaddrinfo("example.com", 443)
+        left, right = socket.socketpair()  # local sockets (workers' pipes) are not touched
+        left.close(), right.close()
+    with pytest.raises(OSError):  # outside the block: refused by the network, not by us
+        try:
+            socket.create_connection(("192.0.2.1", 80), timeout=0.01)
+        except offline.NetworkRefusedError:
+            pytest.fail("still refusing after the block")
+
+
+# --- 4. the trusted set: tracked conf/ YAML, parsed, and one local list ---
+
+
+def test_only_tracked_yaml_and_the_local_list_add_trusted_targets(tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    (conf / "model").mkdir(parents=True)
+    (conf / "local").mkdir()
+    (conf / "model" / "ours.yaml").write_text("_target_: ournets.Net\nwidth: 3\n")
+    (conf / "model" / "notes.yaml").write_text("doc: |\n  _target_: os.system\n- _target_: x\n")
+    (conf / "model" / "meta.yaml").write_text("text: |\n  _target_: subprocess.run\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "conf"], check=True)
+    (conf / "model" / "written_by_a_run.yaml").write_text("_target_: builtins.exec\n")
+    (conf / "local" / "trusted.yaml").write_text("- _target_: theirnets.Net\n")
+    (conf / "local" / "default.yaml").write_text("model:\n  _target_: shutil.rmtree\n")
+    monkeypatch.setattr(trust, "CONF", conf)
+    trust.conf_targets.cache_clear()
+    try:
+        assert trust.conf_targets() == {"ournets.Net": {"model"}, "theirnets.Net": {None}}
+    finally:
+        monkeypatch.undo()
+        trust.conf_targets.cache_clear()
+
+
+# --- 5. trusted targets with values that would fetch or write elsewhere ---
+
+
+def crafted(trained: Path, folder: Path, edit) -> Path:
+    state = checkpoint.load(trained / "checkpoints" / "last.pt")
+    edit(state["config"])
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint.atomic_save(state, folder / "crafted.pt")
+    return folder / "crafted.pt"
+
+
+def test_a_model_builder_is_trusted_only_where_models_are_built(trained, tmp_path, capsys):
+    def edit(config):
+        config["augment"]["transforms"] = [
+            {"_target_": "torchvision.models.resnet18", "weights": "DEFAULT"}
+        ]
+
+    ckpt = crafted(trained, tmp_path, edit)
+    assert exit_code(evaluate_main, f"ckpt={ckpt}") == 2
+    assert "augment.transforms[0]._target_" in one_error_line(capsys)
+
+
+def nested_weights(config: dict, outside: Path) -> None:
+    config["model"]["backbone"] = {"_target_": "torchvision.models.resnet18", "weights": "DEFAULT"}
+
+
+def dataset_download(config: dict, outside: Path) -> None:
+    config["data"].update(_target_="repro.data.datasets.cifar10", download=True, root=str(outside))
+
+
+@pytest.mark.parametrize("edit", [nested_weights, dataset_download])
+def test_evaluate_fetches_no_weights_and_no_data_the_checkpoint_names(
+    edit, trained, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    outside = tmp_path / "outside" / "cifar"
+    ckpt = crafted(trained, tmp_path / "ckpt", lambda config: edit(config, outside))
+    assert exit_code(evaluate_main, f"ckpt={ckpt}") == 2
+    one_error_line(capsys)
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "torch_home").exists()
+
+
+@pytest.mark.e2e
+def test_a_killed_trial_in_a_received_study_reruns_with_values_of_the_search_space_only(
+    tmp_path,
+):
+    """The study database is a file of the sweep folder: a trial it records as running is
+    relaunched with its parameters for this command's search space, nothing more."""
+    from optuna.distributions import CategoricalDistribution, LogUniformDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from repro.search.study import open_study
+
+    sweep, marker = tmp_path / "sweep", tmp_path / "marker"
+    sweep.mkdir()
+    study = open_study(f"sqlite:///{sweep}/optuna.db", "lr_wd", direction="maximize")
+    planted = {"+callbacks.x._target_": "pathlib.Path.touch", "+callbacks.x._args_": f"[{marker}]"}
+    study.add_trial(
+        create_trial(
+            state=TrialState.RUNNING,
+            params={"optimizer.lr": 0.1, "optimizer.weight_decay": 1e-4, **planted},
+            distributions={
+                "optimizer.lr": LogUniformDistribution(0.01, 1.0),
+                "optimizer.weight_decay": LogUniformDistribution(1e-5, 1e-2),
+                **{key: CategoricalDistribution([value]) for key, value in planted.items()},
+            },
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "repro.train", "-m", "hparams_search=lr_wd",
+         "hydra.sweeper.n_trials=1", *tiny("trainer.num_threads=1"), f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not marker.exists()
+    (trial,) = open_study(f"sqlite:///{sweep}/optuna.db", "lr_wd").trials
+    assert trial.state == TrialState.COMPLETE
+    overrides = yaml.safe_load((sweep / "0" / ".hydra" / "overrides.yaml").read_text())
+    assert not [o for o in overrides if "callbacks.x" in o]
