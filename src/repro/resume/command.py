@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from repro import folder_guard
 from repro.errors import ConfigError, DataError, UserError, exit_with
 from repro.files import write_text_atomic
 from repro.runs import run_lock
@@ -186,6 +187,7 @@ def _relaunch(recorded: dict[str, Any], folder: str, task: list[str], env: dict 
 
 
 def resume_sweep(sweep_dir: Path, force: bool) -> int:
+    folder_guard.check_sweep(sweep_dir)  # before error.txt goes, the report or multirun.yaml
     record = sweep_dir / SWEEP_RECORD
     first_record = record.read_text()
     recorded = yaml.safe_load(first_record)["hydra"]
@@ -215,6 +217,7 @@ def resume_sweep(sweep_dir: Path, force: bool) -> int:
 
 
 def resume_run(run_dir: Path, force: bool) -> int:
+    folder_guard.check(run_dir)
     recorded = _hydra_record(run_dir)
     if recorded["mode"] == "MULTIRUN":
         raise DataError(
