@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from repro import build, config, schema
+from repro import build, config, folder_guard, schema
 from repro.data import fingerprint
 from repro.engine import assembly
 from repro.engine.loop import Trainer
@@ -52,7 +52,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     config.validate(cfg)
     dist = distributed.from_environment()  # under torchrun every rank computes, rank 0 writes
     distributed.init(dist)
-    with run_lock.owned(run_dir, dist):  # one live process trains in a folder at a time
+    # One live process trains in a folder at a time, and never through a link out of it.
+    with run_lock.owned(run_dir, dist):
         return _train(cfg, run_dir, dist, started)
 
 
@@ -267,6 +268,9 @@ def main(cfg: DictConfig) -> float | None:
             raise
         # One job failing must not end the sweep: record why, let the launcher go on.
         said = for_terminal(one_line(error))  # to the console too: it may quote a file's values
+        if isinstance(error, folder_guard.UnsafeFolderError):  # its log may be a link out
+            sys.stderr.write(f"error: job failed: {said}\n")
+            return None
         log.error("job failed: %s", said, exc_info=not isinstance(error, UserError))
         if not isinstance(error, run_lock.RunFolderInUseError):  # the folder is another run's
             _note_failure(run_dir, error)

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from repro import folder_guard
 from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
 from repro.escape import for_terminal
 from repro.files import write_text_atomic
@@ -229,6 +230,7 @@ def _relaunch(recorded: dict[str, Any], folder: str, run: Relaunch) -> int:
 
 
 def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
+    folder_guard.check_sweep(sweep_dir)  # before error.txt goes, the report or multirun.yaml
     record = sweep_dir / SWEEP_RECORD
     first_record = record.read_text()
     recorded = yaml.safe_load(first_record)["hydra"]
@@ -260,6 +262,7 @@ def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
 
 
 def resume_run(run_dir: Path, force: bool, trusted: bool = False) -> int:
+    folder_guard.check(run_dir)
     recorded = _hydra_record(run_dir)
     if recorded["mode"] == "MULTIRUN":
         raise DataError(

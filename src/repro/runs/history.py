@@ -17,12 +17,14 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from repro import folder_guard
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
 from repro.runs import run_lock
@@ -47,6 +49,8 @@ def record_subdir(output_dir: str) -> str | None:
     run_dir = Path(output_dir)
     try:
         in_use = run_lock.try_claim(run_dir) is not None
+    except folder_guard.UnsafeFolderError:
+        return None  # nothing written there: training refuses the folder in one line
     except OSError:
         in_use = False  # an unwritable folder: training says so in one line
     if in_use or (run_dir / ATTEMPTS_FILE).exists():
@@ -159,13 +163,19 @@ def already_complete(run_dir: Path, checkpoint_step: int, total_steps: int) -> b
     return bool(recorded.get("completed")) and recorded.get("step") == total_steps
 
 
-def check_writable(folder: Path, key: str) -> None:
-    """Create `folder` and write a probe file in it, or exit with one line naming it."""
+def check_writable(
+    folder: Path, key: str, guard: Callable[[Path], None] = folder_guard.check
+) -> None:
+    """Create `folder` and write a probe file in it, or exit with one line naming it; first,
+    `guard` refuses a folder whose writes would leave it (a link out), before any is made."""
     try:
+        guard(folder)
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
+    except folder_guard.UnsafeFolderError as error:
+        exit_with(error)
     except OSError as error:
         reason = error.strerror or type(error).__name__
         message = f"cannot write the output folder {folder} ({reason}): set {key} to one you can"
@@ -173,10 +183,11 @@ def check_writable(folder: Path, key: str) -> None:
 
 
 class OutputFolderCheck(Callback):
-    """Before Hydra creates a run's or a sweep's folder: one clear line, exit 2, if it cannot."""
+    """Before Hydra creates a run's or a sweep's folder (or writes train.log, .hydra/,
+    multirun.yaml into one): one clear line, exit 2, if it cannot or must not."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir", folder_guard.check_sweep)

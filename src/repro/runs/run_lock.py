@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from repro import folder_guard
 from repro.errors import UserError
 from repro.runtime import distributed
 
@@ -45,10 +46,12 @@ class RunFolderInUseError(UserError):
 
 def try_claim(run_dir: Path) -> str | None:
     """Take `run_dir`'s lock for this process (kept if it holds it already): None once it is
-    ours, else who holds it (pid, host, since when)."""
+    ours, else who holds it (pid, host, since when). UnsafeFolderError, with nothing written,
+    for a folder with a link out of it (run.lock among them)."""
     folder = run_dir.absolute()
     if folder in _held:
         return None
+    folder_guard.check(folder)
     folder.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -142,7 +145,11 @@ def host_only_locks(folder: Path, mountinfo: str | None = None) -> str | None:
 
 @contextlib.contextmanager
 def owned(run_dir: Path, dist: distributed.Context) -> Iterator[None]:
-    """Own `run_dir` for the block, or raise RunFolderInUseError on every rank before it starts."""
+    """Own `run_dir` for the block, or raise on every rank before it starts: UnsafeFolderError
+    for a folder with a link out of it, RunFolderInUseError for one a live process owns."""
+    unsafe = folder_guard.problem(run_dir) if dist.is_main else None
+    if (unsafe := distributed.broadcast(unsafe, dist)) is not None:
+        raise folder_guard.UnsafeFolderError(unsafe)
     owner = try_claim(run_dir) if dist.is_main else None
     owner = distributed.broadcast(owner, dist)
     if owner is not None:
