@@ -13,7 +13,7 @@ import yaml
 from repro import evaluate, predict
 from repro import report as report_command
 from repro.errors import UserError, exit_with
-from repro.escape import for_csv, for_terminal
+from repro.guards.text import for_csv, for_terminal
 from repro.runs.checkpoint import atomic_save, load
 from repro.sweeps import report
 

@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from repro.evaluate import main as evaluate_main
+from repro.guards import network
 from repro.resume import command as resume
 from repro.resume import overrides as recorded_overrides
-from repro.runs import checkpoint, offline, trust
+from repro.runs import checkpoint, trust
 from repro.runs.trust import UntrustedConfigError
 from repro.verify import command as verify
 
@@ -235,17 +236,17 @@ def test_verify_downloads_no_dataset_the_record_names(trained, tmp_path, capsys)
 def test_nothing_reaches_the_network_inside_offline():
     import socket
 
-    with offline.offline("the config comes from a file"):
-        with pytest.raises(offline.NetworkRefusedError, match="download=true"):
+    with network.offline("the config comes from a file"):
+        with pytest.raises(network.NetworkRefusedError, match="download=true"):
             socket.create_connection(("192.0.2.1", 80), timeout=0.1)  # TEST-NET: never routed
-        with pytest.raises(offline.NetworkRefusedError):
+        with pytest.raises(network.NetworkRefusedError):
             socket.getaddrinfo("example.com", 443)
         left, right = socket.socketpair()  # local sockets (workers' pipes) are not touched
         left.close(), right.close()
     with pytest.raises(OSError):  # outside the block: refused by the network, not by us
         try:
             socket.create_connection(("192.0.2.1", 80), timeout=0.01)
-        except offline.NetworkRefusedError:
+        except network.NetworkRefusedError:
             pytest.fail("still refusing after the block")
 
 

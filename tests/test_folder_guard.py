@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from repro import folder_guard
-from repro.folder_guard import UnsafeFolderError
+from repro.guards import folders
+from repro.guards.folders import UnsafeFolderError
 from repro.runs import history, run_lock
 
 from conftest import run_cli, tiny, train_in_process
@@ -55,9 +55,9 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def test_a_clean_folder_a_link_inside_it_and_a_missing_folder_pass(run_dir, tmp_path):
-    folder_guard.check(run_dir)  # last.pt's hard link and wandb's latest-run included
-    folder_guard.check(tmp_path / "not yet made")
-    folder_guard.check_sweep(tmp_path / "elsewhere")
+    folders.check(run_dir)  # last.pt's hard link and wandb's latest-run included
+    folders.check(tmp_path / "not yet made")
+    folders.check_sweep(tmp_path / "elsewhere")
 
 
 @pytest.mark.parametrize(
@@ -71,24 +71,24 @@ def test_a_link_out_of_the_folder_is_refused_naming_it(run_dir, tmp_path, link):
     path.unlink(missing_ok=True)
     path.symlink_to(elsewhere if link.endswith("/") else elsewhere / "file")
     with refused(f"{path.name} is a link to {elsewhere}"):
-        folder_guard.check(run_dir)
+        folders.check(run_dir)
 
 
 def test_a_dangling_link_out_and_one_deep_inside_are_refused(run_dir, tmp_path):
     (run_dir / "run.lock").symlink_to(tmp_path / "elsewhere" / "run.lock")  # not there yet
     with refused("run.lock is a link to"):
-        folder_guard.check(run_dir)
+        folders.check(run_dir)
     (run_dir / "run.lock").unlink()
     (run_dir / "checkpoints" / "best.pt").symlink_to("../../elsewhere/file")
     with refused("checkpoints/best.pt is a link to"):
-        folder_guard.check(run_dir)
+        folders.check(run_dir)
 
 
 def test_a_file_written_in_place_with_another_hard_link_is_refused(run_dir, tmp_path):
     (run_dir / "metrics.csv").unlink()
     os.link(tmp_path / "elsewhere" / "file", run_dir / "metrics.csv")
     with refused("metrics.csv has another hard link"):
-        folder_guard.check(run_dir)
+        folders.check(run_dir)
 
 
 def test_a_sweep_whose_job_folder_is_a_link_out_is_refused(run_dir, tmp_path):
@@ -96,7 +96,7 @@ def test_a_sweep_whose_job_folder_is_a_link_out_is_refused(run_dir, tmp_path):
     (sweep / "1").mkdir(parents=True)
     (sweep / "0").symlink_to(run_dir)
     with refused(f"0 is a link to {run_dir}, outside the sweep"):
-        folder_guard.check_sweep(sweep)
+        folders.check_sweep(sweep)
 
 
 def test_claims_and_training_refuse_an_unsafe_folder_writing_nothing(run_dir, tmp_path):
@@ -127,7 +127,7 @@ def halted(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("halted") / "run"
     done = run_cli("repro.train", *HALTED, f"hydra.run.dir={run_dir}")
     assert done.returncode == 0, done.stderr
-    folder_guard.check(run_dir)  # a real run's folder passes: last.pt's hard link included
+    folders.check(run_dir)  # a real run's folder passes: last.pt's hard link included
     return run_dir
 
 

@@ -6,7 +6,7 @@ import errno
 import logging
 import sys
 
-from repro.escape import for_terminal
+from repro.guards.text import for_terminal
 
 
 class UserError(Exception):

@@ -30,10 +30,10 @@ from repro.data.loader import Batches
 from repro.data.sources import in_memory
 from repro.engine.evaluation import evaluate
 from repro.errors import ConfigError, UserError, exit_with
-from repro.escape import for_terminal
 from repro.files import json_text
+from repro.guards.network import offline
+from repro.guards.text import for_terminal
 from repro.runs import resume
-from repro.runs.offline import offline
 from repro.runs.restore import arguments, classes_of, output_file, restore, write_result
 from repro.watch.scores import build_scores
 

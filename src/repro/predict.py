@@ -32,8 +32,8 @@ from repro.data.loader import Batches
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
 from repro.errors import ConfigError, DataError, UserError, exit_with
-from repro.escape import for_csv
-from repro.runs.offline import offline
+from repro.guards.network import offline
+from repro.guards.text import for_csv
 from repro.runs.restore import arguments, output_file, restore, write_result
 
 ARGUMENTS = {"images", "top_k", "device", "batch_size", "tta"}  # and restore.SHARED

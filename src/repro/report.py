@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from repro import folder_guard
 from repro.errors import DataError, UserError, exit_with
+from repro.guards import folders
 from repro.sweeps import report
 
 
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
         if not argv:
             raise DataError("usage: python -m repro.report SWEEP_DIR [METRIC ...]")
         sweep_dir, metrics = Path(argv[0]), argv[1:]
-        folder_guard.check_sweep(sweep_dir)  # the report's files go there
+        folders.check_sweep(sweep_dir)  # the report's files go there
         built = report.build(sweep_dir, metrics)
         if not built.jobs:
             raise DataError(

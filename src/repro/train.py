@@ -26,13 +26,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from repro import build, config, folder_guard, schema
+from repro import build, config, schema
 from repro.data import fingerprint
 from repro.engine import assembly
 from repro.engine.loop import Trainer
 from repro.errors import StorageError, UserError, exit_with, one_line
-from repro.escape import for_terminal
 from repro.files import write_json_atomic, write_text_atomic
+from repro.guards import folders
+from repro.guards.text import for_terminal
 from repro.runs import final_test, history, resume, run_lock
 from repro.runs.checkpoint import Checkpointer
 from repro.runtime import determinism, distributed, environment, launch, seeding
@@ -268,7 +269,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         # One job failing must not end the sweep: record why, let the launcher go on.
         said = for_terminal(one_line(error))  # to the console too: it may quote a file's values
-        if isinstance(error, folder_guard.UnsafeFolderError):  # its log may be a link out
+        if isinstance(error, folders.UnsafeFolderError):  # its log may be a link out
             sys.stderr.write(f"error: job failed: {said}\n")
             return None
         log.error("job failed: %s", said, exc_info=not isinstance(error, UserError))

@@ -29,10 +29,10 @@ from repro.data.sources import ImageFiles
 from repro.errors import CheckpointError, ConfigError, DataError, UserError, exit_with
 from repro.export.formats import FORMATS, OPSET, ExportError, Normalised, parity, write
 from repro.files import atomic_path, write_json_atomic, writing
+from repro.guards.network import offline
 from repro.predict import image_files
 from repro.runs.checkpoint import BEST_FILE
 from repro.runs.integrity import KEY as DIGEST
-from repro.runs.offline import offline
 from repro.runs.restore import Restored, arguments, classes_of, output_file, restore
 
 ARGUMENTS = {"format", "weights", "images", "data.root", "tolerance"}  # and restore.SHARED

@@ -37,10 +37,10 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from repro import folder_guard
 from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
-from repro.escape import for_terminal
 from repro.files import write_text_atomic
+from repro.guards import folders
+from repro.guards.text import for_terminal
 from repro.resume import overrides as recorded_overrides
 from repro.runs import run_lock, trust
 from repro.runs.history import ATTEMPTS_FILE, RunHistory
@@ -101,15 +101,15 @@ def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any]) -> list[Job]:
         (grid,) = BasicSweeper.split_arguments(parsed, None)
     except HydraException as error:
         raise DataError(f"{sweep_dir / SWEEP_RECORD}: cannot expand it: {error}") from None
-    folders = {}
+    started = {}
     for record in sweep_dir.glob("*/.hydra/hydra.yaml"):
         folder = record.parents[1]
         num = _hydra_record(folder)["job"]["num"]
         if grid[num : num + 1] != [yaml.safe_load(record.with_name("overrides.yaml").read_text())]:
             raise DataError(f"{folder}: not job {num} of {SWEEP_RECORD} (another sweep went here)")
-        folders[num] = folder
+        started[num] = folder
     return [
-        Job(num, overrides, folders.get(num), job_state(folders.get(num)))
+        Job(num, overrides, started.get(num), job_state(started.get(num)))
         for num, overrides in enumerate(grid)
     ]
 
@@ -132,7 +132,7 @@ def _digest(text: str | None) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16] if text else None
 
 
-def environment_changes(folders: list[Path]) -> list[str]:
+def environment_changes(run_dirs: list[Path]) -> list[str]:
     """Each difference between what the folders recorded and this checkout, once."""
     import torch
 
@@ -142,7 +142,7 @@ def environment_changes(folders: list[Path]) -> list[str]:
 
     described: dict[str, dict[str, Any]] = {}  # device type -> this machine's description
     lines: dict[str, None] = {}
-    for recorded in filter(None, map(_recorded_environment, folders)):
+    for recorded in filter(None, map(_recorded_environment, run_dirs)):
         try:
             device = select_device(recorded.get("device", "cpu"))
         except ConfigError:  # a CUDA run, and no GPU here: the device differs
@@ -230,7 +230,7 @@ def _relaunch(recorded: dict[str, Any], folder: str, run: Relaunch) -> int:
 
 
 def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
-    folder_guard.check_sweep(sweep_dir)  # before error.txt goes, the report or multirun.yaml
+    folders.check_sweep(sweep_dir)  # before error.txt goes, the report or multirun.yaml
     record = sweep_dir / SWEEP_RECORD
     first_record = record.read_text()
     recorded = yaml.safe_load(first_record)["hydra"]
@@ -262,7 +262,7 @@ def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
 
 
 def resume_run(run_dir: Path, force: bool, trusted: bool = False) -> int:
-    folder_guard.check(run_dir)
+    folders.check(run_dir)
     recorded = _hydra_record(run_dir)
     if recorded["mode"] == "MULTIRUN":
         raise DataError(

@@ -24,9 +24,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from repro import folder_guard
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
+from repro.guards import folders
 from repro.runs import run_lock
 from repro.runtime import environment
 from repro.runtime.launch import COMMAND_VARIABLE
@@ -49,7 +49,7 @@ def record_subdir(output_dir: str) -> str | None:
     run_dir = Path(output_dir)
     try:
         in_use = run_lock.try_claim(run_dir) is not None
-    except folder_guard.UnsafeFolderError:
+    except folders.UnsafeFolderError:
         return None  # nothing written there: training refuses the folder in one line
     except OSError:
         in_use = False  # an unwritable folder: training says so in one line
@@ -163,9 +163,7 @@ def already_complete(run_dir: Path, checkpoint_step: int, total_steps: int) -> b
     return bool(recorded.get("completed")) and recorded.get("step") == total_steps
 
 
-def check_writable(
-    folder: Path, key: str, guard: Callable[[Path], None] = folder_guard.check
-) -> None:
+def check_writable(folder: Path, key: str, guard: Callable[[Path], None] = folders.check) -> None:
     """Create `folder` and write a probe file in it, or exit with one line naming it; first,
     `guard` refuses a folder whose writes would leave it (a link out), before any is made."""
     try:
@@ -174,7 +172,7 @@ def check_writable(
         probe = folder / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-    except folder_guard.UnsafeFolderError as error:
+    except folders.UnsafeFolderError as error:
         exit_with(error)
     except OSError as error:
         reason = error.strerror or type(error).__name__
@@ -190,4 +188,4 @@ class OutputFolderCheck(Callback):
         check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir", folder_guard.check_sweep)
+        check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir", folders.check_sweep)

@@ -27,8 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from repro import folder_guard
 from repro.errors import UserError
+from repro.guards import folders
 from repro.runtime import distributed
 
 LOCK_FILE = "run.lock"
@@ -51,7 +51,7 @@ def try_claim(run_dir: Path) -> str | None:
     folder = run_dir.absolute()
     if folder in _held:
         return None
-    folder_guard.check(folder)
+    folders.check(folder)
     folder.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -147,9 +147,9 @@ def host_only_locks(folder: Path, mountinfo: str | None = None) -> str | None:
 def owned(run_dir: Path, dist: distributed.Context) -> Iterator[None]:
     """Own `run_dir` for the block, or raise on every rank before it starts: UnsafeFolderError
     for a folder with a link out of it, RunFolderInUseError for one a live process owns."""
-    unsafe = folder_guard.problem(run_dir) if dist.is_main else None
+    unsafe = folders.problem(run_dir) if dist.is_main else None
     if (unsafe := distributed.broadcast(unsafe, dist)) is not None:
-        raise folder_guard.UnsafeFolderError(unsafe)
+        raise folders.UnsafeFolderError(unsafe)
     owner = try_claim(run_dir) if dist.is_main else None
     owner = distributed.broadcast(owner, dist)
     if owner is not None:

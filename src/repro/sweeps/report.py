@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from repro.escape import for_csv, for_terminal
 from repro.files import write_text_atomic
+from repro.guards.text import for_csv, for_terminal
 from repro.sweeps import DECISION_FILE, ERROR_FILE
 from repro.sweeps.stats import difference_of_means, paired_difference, summarize
 from repro.watch.loggers import save_figure_atomic

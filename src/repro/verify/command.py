@@ -29,10 +29,10 @@ from omegaconf.errors import OmegaConfBaseException
 from repro import build, config, schema
 from repro.data import fingerprint
 from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
-from repro.escape import for_terminal
+from repro.guards.network import offline
+from repro.guards.text import for_terminal
 from repro.runs import resume
 from repro.runs.fingerprint_log import FingerprintLog, first_divergence
-from repro.runs.offline import offline
 from repro.runs.trust import as_data
 from repro.runtime import determinism, environment
 from repro.runtime.devices import select_device
