@@ -89,6 +89,10 @@ PAYLOADS = {  # name -> (hydra overrides, task overrides); the marker is filled 
     "hydra callback": (shell_callback, lambda m: []),
     "hydra search path": (lambda m: [f"hydra.searchpath=[file://{m.parent}]"], lambda m: []),
     "hydra env": (lambda m: ["hydra.job.env_set.LD_PRELOAD=/tmp/x.so"], lambda m: []),
+    "optuna search space": (
+        lambda m: ["hydra/sweeper=optuna_study", "hydra.sweeper.custom_search_space=os.system"],
+        lambda m: [],
+    ),
     "new target": (lambda m: [], lambda m: ["+callbacks.x._target_=pathlib.Path.touch"]),
     "target in a value": (lambda m: [], lambda m: ["+callbacks.x={_target_: os.system}"]),
     "interpolation": (lambda m: [], lambda m: ["trainer.tta=x${oc.env:HOME}"]),
