@@ -99,9 +99,21 @@ def _is_seed(override: str) -> bool:
 
 
 def read_job(folder: Path) -> Job:
-    overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
+    """A job's overrides, summary and how it failed; records that cannot be read (damaged, or
+    not repro's) make it a failed job saying so, not a failed report."""
     summary_file, error_file = folder / "summary.json", folder / ERROR_FILE
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+    try:
+        overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
+        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise ValueError(".hydra/overrides.yaml holds no list of overrides")
+        if summary is not None and not isinstance(summary, dict):
+            raise ValueError("summary.json holds no mapping")
+    except (OSError, ValueError, yaml.YAMLError) as unreadable:
+        reason = str(unreadable).strip().splitlines()[0] if str(unreadable).strip() else ""
+        return Job(
+            folder.name, [], None, f"records unreadable: {reason or type(unreadable).__name__}"
+        )
     error = None
     # An error.txt older than the summary is a failed attempt that a later one made good.
     if error_file.is_file() and not _newer(summary_file, error_file):
