@@ -131,6 +131,7 @@ def test_resume_refuses_every_recorded_override_that_is_more_than_a_value(
         ({"config_name": "../../../tmp/evil"}, {}, "not a file name of conf/"),
         ({"config_name": "no_such_config"}, {}, "has no conf/no_such_config.yaml"),
         ({}, {"pythonhashseed": "0 -c import os"}, "hash seed"),
+        ({}, {"pythonhashseed": 2**32}, "hash seed"),  # Python's own limit: it would stop
     ],
 )
 def test_resume_refuses_a_config_name_or_hash_seed_that_is_not_ours(

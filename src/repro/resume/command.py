@@ -201,7 +201,9 @@ def _checked_relaunch(
     if not (trust.CONF / f"{name}.yaml").is_file():
         raise DataError(f"{source}: config name {name!r}: this checkout has no conf/{name}.yaml")
     seed = (env or {}).get("pythonhashseed")
-    if seed is not None and not re.fullmatch(r"random|\d{1,10}", str(seed)):
+    digits = re.fullmatch(r"[0-9]{1,10}", str(seed))
+    valid = str(seed) == "random" or (digits is not None and int(str(seed)) < 2**32)
+    if seed is not None and not valid:  # else Python itself stops the child, in several lines
         raise DataError(f"{source}: recorded hash seed {seed!r} is not random or a number")
     return Relaunch(name, hydra, task, None if seed is None else str(seed))
 
