@@ -16,7 +16,7 @@ hash of its source.patch are compared with this checkout's; any difference is li
 resume refused (exit 2) unless `force=true`.
 
 A sweep or run folder may come from someone else, so its records are data: the relaunch takes
-from them only overrides `trust.check_overrides` lets through (values of the run's keys,
+from them only overrides `repro.resume.overrides` lets through (values of the run's keys,
 config-group options, the launcher's choice and job count; never a `_target_`, another Hydra
 setting or an interpolation), a config name that is a file of this checkout's conf/, and a
 hash seed that is one; it runs in this process's working directory, never the recorded one,
