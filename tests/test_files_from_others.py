@@ -97,6 +97,11 @@ PAYLOADS = {  # name -> (hydra overrides, task overrides); the marker is filled 
     "target in a value": (lambda m: [], lambda m: ["+callbacks.x={_target_: os.system}"]),
     "interpolation": (lambda m: [], lambda m: ["trainer.tta=x${oc.env:HOME}"]),
     "group as a path": (lambda m: [], lambda m: [f"model=../../../..{m.parent}/evil"]),
+    "package into hydra": (
+        lambda m: [],
+        lambda m: [f"+model@hydra.callbacks=../../..{m.parent}/x"],
+    ),
+    "group path in the key": (lambda m: [], lambda m: ["+model/..=evil"]),
     "tracker destination": (lambda m: [], lambda m: [f"logger.mlflow.tracking_uri={m}"]),
     "download": (lambda m: [], lambda m: ["data.download=true", f"data.root={m}"]),
 }
@@ -240,12 +245,17 @@ def test_verify_downloads_no_dataset_the_record_names(trained, tmp_path, capsys)
 
 def test_nothing_reaches_the_network_inside_offline():
     import socket
+    import urllib.request
+
+    offline_error = network.NetworkRefusedError
 
     with network.offline("the config comes from a file"):
         with pytest.raises(network.NetworkRefusedError, match="download=true"):
             socket.create_connection(("192.0.2.1", 80), timeout=0.1)  # TEST-NET: never routed
         with pytest.raises(network.NetworkRefusedError):
             socket.getaddrinfo("example.com", 443)
+        with pytest.raises(offline_error):  # a file:// URL too: torch.hub copies what it opens
+            urllib.request.urlopen("file:///etc/hostname")
         left, right = socket.socketpair()  # local sockets (workers' pipes) are not touched
         left.close(), right.close()
     with pytest.raises(OSError):  # outside the block: refused by the network, not by us
@@ -253,6 +263,23 @@ def test_nothing_reaches_the_network_inside_offline():
             socket.create_connection(("192.0.2.1", 80), timeout=0.01)
         except network.NetworkRefusedError:
             pytest.fail("still refusing after the block")
+
+
+def test_verify_fetches_no_weights_from_a_url_or_into_a_folder_the_record_names(
+    trained, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    resolved["model"] = {
+        "_target_": "repro.models.pretrained.timm_model", "name": "resnet18", "pretrained": True,
+        "num_classes": 10, "cache_dir": str(tmp_path / "outside" / "made"),
+        "pretrained_cfg_overlay": {"url": "file:///etc/hostname", "hf_hub_id": None},
+    }  # fmt: skip
+    (run_dir / "resolved_config.yaml").write_text(yaml.safe_dump(resolved))
+    assert exit_code(verify.main, str(run_dir), "steps=2") == 2
+    assert "model.pretrained_cfg" in one_error_line(capsys)
+    assert not (tmp_path / "outside").exists()
 
 
 # --- 4. the trusted set: tracked conf/ YAML, parsed, and one local list ---

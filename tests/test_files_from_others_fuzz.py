@@ -478,6 +478,13 @@ def override_payloads(case: Case) -> dict[str, list[str]]:
         "task download (cifar10)": ["data=cifar10", "data.download=true", f"data.root='{o}/d'"],
         "task resolver": [f"trainer.tta='${{record_subdir:{o}/claimed}}'"],
         "task env interpolation": ["trainer.tta=${oc.env:HOME}"],
+        "group into hydra's package": [f"+model@hydra.callbacks=../../../../../..{o}/conf/evil"],
+        "timm weights from a chosen url": [
+            "model=timm",
+            "model.pretrained=true",
+            f"+model.cache_dir='{o}/cache'",
+            "+model.pretrained_cfg_overlay={url:'file:///etc/hostname',hf_hub_id:null}",
+        ],
     }
 
 

@@ -3,9 +3,10 @@
 `repro.evaluate`, `predict`, `export` and `verify` rebuild a run from a stored config. What
 that config names may fetch things on its own (torchvision's weights, a dataset's download, a
 hub): a file would then decide what this machine sends and to whom. Inside `offline(...)`,
-a connection to another host, or a name lookup of one, is refused by an audit hook (the one
-place every socket passes) with one `NetworkRefusedError` line, unless the user asked for it
-(`download=true`). Local sockets (DataLoader workers' pipes) are not touched.
+a connection to another host, a name lookup, or a URL opened through urllib (a `file://` one
+too: torch.hub would copy it into a folder the config names) is refused by an audit hook (the
+places every socket and URL pass) with one `NetworkRefusedError` line, unless the user asked
+for it (`download=true`). Local sockets (DataLoader workers' pipes) are not touched.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
             return
         host = address[0]
-    elif event == "socket.getaddrinfo":
+    elif event in ("socket.getaddrinfo", "urllib.Request"):  # a URL: file:// too
         host = args[0]
     else:
         return

@@ -30,6 +30,10 @@ from repro.errors import ConfigError
 log = logging.getLogger(__name__)
 
 WEIGHT_FILES = (".safetensors", ".pth", ".pt", ".bin")
+# timm arguments that say where weights come from or where downloads go: a config (perhaps
+# one stored in a file from someone else) names weights by `pretrained` alone, so their source
+# is timm's own registry or a local file, never a URL or folder of the config's choosing.
+WEIGHT_SOURCES = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "checkpoint_path")
 
 
 def timm_model(
@@ -49,6 +53,10 @@ def timm_model(
 
     if not isinstance(name, str) or not timm.is_model(name):
         raise ConfigError("model.name", name, "a timm model name (timm.list_models() lists them)")
+    for key in WEIGHT_SOURCES:
+        if key in kwargs:
+            raise ConfigError(f"model.{key}", kwargs[key], "not set: weights come from "
+                              "model.pretrained (true: timm's registry; or a local file)")  # fmt: skip
     if pretrained is True:
         model = timm.create_model(name, pretrained=True, **kwargs)
     elif pretrained is False or pretrained is None:

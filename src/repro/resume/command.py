@@ -80,7 +80,7 @@ def _hydra_record(folder: Path) -> dict[str, Any]:
     return yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
 
 
-def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any]) -> list[Job]:
+def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any], trusted: bool = False) -> list[Job]:
     """Every job of the sweep whose hydra config is `recorded`, numbered as Hydra numbers them:
     its overrides, as the basic sweeper expands the sweeper's `params` and the command line's,
     and its folder (found by the number Hydra recorded there) if it started."""
@@ -96,11 +96,13 @@ def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any]) -> list[Job]:
             "again (hydra/sweeper=optuna_study continues its study)"
         )
     params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+    recorded_overrides.check(params, sweep_dir / SWEEP_RECORD, trusted)  # before Hydra parses
     try:
         parsed = OverridesParser.create().parse_overrides([*params, *recorded["overrides"]["task"]])
         (grid,) = BasicSweeper.split_arguments(parsed, None)
     except HydraException as error:
-        raise DataError(f"{sweep_dir / SWEEP_RECORD}: cannot expand it: {error}") from None
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(f"{sweep_dir / SWEEP_RECORD}: cannot expand it: {reason}") from None
     started = {}
     for record in sweep_dir.glob("*/.hydra/hydra.yaml"):
         folder = record.parents[1]
@@ -208,6 +210,26 @@ def _checked_relaunch(
     return Relaunch(name, hydra, task, None if seed is None else str(seed))
 
 
+def _check_composes(run: Relaunch, task: list[str], source: Path) -> None:
+    """Compose the relaunch's config (one job's `task` overrides) before anything runs: a
+    record that does not fit this checkout is one line here, not Hydra's error in the child."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from repro import schema
+
+    schema.register()
+    try:
+        with initialize_config_dir(config_dir=str(trust.CONF), version_base="1.3"):
+            compose(run.config_name, [*run.hydra, *task], return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise DataError(
+            f"{source}: its overrides do not compose in this checkout: {reason}"
+        ) from None
+
+
 def _relaunch(recorded: dict[str, Any], folder: str, run: Relaunch) -> int:
     """`python -m repro.train` into the same output folder (`folder`: `hydra.run.dir=...` or
     `hydra.sweep.dir=...`) with the checked `run`, in this process's working directory, with
@@ -236,13 +258,14 @@ def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
     record = sweep_dir / SWEEP_RECORD
     first_record = record.read_text()
     recorded = yaml.safe_load(first_record)["hydra"]
-    jobs = sweep_jobs(sweep_dir, recorded)
-    for job in jobs:  # the sweeper's params expanded too: each job is a command line
-        recorded_overrides.check(job.overrides, record, trusted)
-    todo = [job for job in jobs if job.state != COMPLETE]
     with_records = sorted(p.parent for p in sweep_dir.glob("*/attempts.jsonl"))
     env = next(filter(None, map(_recorded_environment, with_records)), None)
     relaunch = _checked_relaunch(recorded, recorded["overrides"]["task"], env, record, trusted)
+    jobs = sweep_jobs(sweep_dir, recorded, trusted)
+    for job in jobs:  # the sweeper's params expanded too: each job is a command line
+        recorded_overrides.check(job.overrides, record, trusted)
+    _check_composes(relaunch, jobs[0].overrides if jobs else [], record)
+    todo = [job for job in jobs if job.state != COMPLETE]
     if not todo:
         report.write(report.build(sweep_dir))
         print(f"complete: all {len(jobs)} jobs of {sweep_dir} are done; report rewritten")
@@ -280,6 +303,7 @@ def resume_run(run_dir: Path, force: bool, trusted: bool = False) -> int:
     source = run_dir / (ATTEMPTS_FILE if attempts else ".hydra/hydra.yaml")
     env = _recorded_environment(run_dir)
     relaunch = _checked_relaunch(recorded, task, env, source, trusted)
+    _check_composes(relaunch, relaunch.task, source)
     _before_running(run_dir, [run_dir], [run_dir], force)
     return _relaunch(recorded, f"hydra.run.dir={run_dir.absolute()}", relaunch)
 

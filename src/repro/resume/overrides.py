@@ -21,6 +21,7 @@ HYDRA_ALLOWED = ("hydra/launcher", "hydra.launcher.n_jobs")
 REPLACED = ("hydra.mode", "hydra.run.dir", "hydra.sweep.dir")  # repro.resume sets them itself
 # Keys Hydra's instantiate reads (`_target_`, `_args_`, `_partial_` ...): never from a record.
 _INSTANTIATE_KEY = re.compile(r"(?:^|[./\s{,])_[a-z]+_(?:$|[.:/\s}=])")
+_KEY = re.compile(r"[A-Za-z_][\w.\-]*")  # `trainer.epochs`, `seed.value`, `model`
 _OPTION_NAMES = re.compile(r"[\w\-,\[\]() ]*")  # `model=resnet9`, `logger=[csv,mlflow]`
 
 
@@ -56,6 +57,8 @@ def _refused_override(key: str, value: str) -> str | None:
         if key in REPLACED or (key in HYDRA_ALLOWED and re.fullmatch(r"[\w-]+", value)):
             return None
         return "a Hydra setting, which decides what runs and where files go"
+    if not _KEY.fullmatch(key) or ".." in key:  # `model@hydra.callbacks`, `model/..`
+        return "a key of the run's config is a dotted name: no package (@), path or group path"
     if "." not in key and not _OPTION_NAMES.fullmatch(value):
         return "a config group's option is a name in this checkout's conf/, not a path"
     if key.startswith(("logger.mlflow", "logger.wandb")):
