@@ -122,6 +122,18 @@ def _summary(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: not a summary repro can read ({error})") from None
     if not isinstance(summary, dict):
         raise DataError(f"{path}: not a summary repro can read (no mapping)")
+    data = summary.get("data", {})
+    shapes = {  # what verify reads of it, each of the type a run writes
+        "env": isinstance(summary.get("env", {}), dict),
+        "flags": isinstance(summary.get("flags", {}), dict),
+        "weights_sha256": isinstance(summary.get("weights_sha256", ""), str),
+        "data": isinstance(data, dict)
+        and isinstance(data.get("splits", {}), dict)
+        and all(isinstance(split, dict) for split in data.get("splits", {}).values()),
+    }
+    wrong = [key for key, right in shapes.items() if not right]
+    if wrong:
+        raise DataError(f"{path}: not a summary repro can read ({', '.join(wrong)} malformed)")
     return summary
 
 
@@ -178,7 +190,7 @@ def verify(
         if (
             verdict.identical
             and full_rerun
-            and before["weights_sha256"] != summary["weights_sha256"]
+            and before.get("weights_sha256") != summary["weights_sha256"]
         ):
             verdict.divergence = "final weights_sha256 differs although every step matched"
     return verdict
