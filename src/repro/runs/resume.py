@@ -62,6 +62,9 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
     """A recorded config (a checkpoint's, a resolved_config.yaml's) in today's layout: what
     has moved since is where it is now. A copy; the record is left as it was."""
     upgraded = copy.deepcopy(recorded)
+    sections = ("data", "trainer", "model", "components")
+    if not all(isinstance(upgraded.get(key, {}), dict) for key in sections):
+        return upgraded  # no config of this template: trust.as_data says so in one line
     data = upgraded.get("data", {})
     if "name" in data and "_target_" not in data:  # the builders are named as the options were
         data["_target_"] = f"repro.data.datasets.{data.pop('name')}"
