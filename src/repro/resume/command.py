@@ -18,9 +18,9 @@ resume refused (exit 2) unless `force=true`.
 A sweep or run folder may come from someone else, so its records are data: the relaunch takes
 from them only overrides `repro.resume.overrides` lets through (values of the run's keys,
 config-group options, the launcher's choice and job count; never a `_target_`, another Hydra
-setting or an interpolation), a config name that is a file of this checkout's conf/, and a
-hash seed that is one; it runs in this process's working directory, never the recorded one,
-and imports nothing from it (PYTHONSAFEPATH). `trust=true` lifts the override check.
+setting or an interpolation) and a hash seed that is one; the config is repro.train's own. It
+runs in this process's working directory, never the recorded one, and imports nothing from it
+(PYTHONSAFEPATH). `trust=true` lifts the checks of overrides and config name.
 """
 
 from __future__ import annotations
@@ -44,11 +44,13 @@ from repro.guards.text import for_terminal
 from repro.resume import overrides as recorded_overrides
 from repro.runs import run_lock, trust
 from repro.runs.history import ATTEMPTS_FILE, RunHistory
+from repro.runs.trust import UntrustedConfigError
 from repro.sweeps import ERROR_FILE, report
 
 USAGE = "python -m repro.resume PATH [force=true] [trust=true]"
 SWEEP_RECORD = "multirun.yaml"
 COMPLETE = "complete"
+TRAIN_CONFIG = "config"  # repro.train's config name (conf/config.yaml)
 
 
 class Job(NamedTuple):
@@ -197,7 +199,13 @@ def _checked_relaunch(
     hydra = recorded_overrides.check(recorded["overrides"]["hydra"], source, trusted)
     hydra = [o for o in hydra if o.lstrip("~+").split("=", 1)[0] not in recorded_overrides.REPLACED]
     task = recorded_overrides.check(task, source, trusted)
-    name = recorded["job"].get("config_name", "config")  # absent: the entry point's default
+    name = recorded["job"].get("config_name", TRAIN_CONFIG)  # absent: the entry point's own
+    if name != TRAIN_CONFIG and not trusted:
+        raise UntrustedConfigError(
+            f"{source}: the recorded config name {name!r} is refused: repro.train's config is "
+            f"{TRAIN_CONFIG!r} (conf/{TRAIN_CONFIG}.yaml), and a run folder decides values only; "
+            "if you made this folder, or trust whoever did, add trust=true"
+        )
     if not isinstance(name, str) or not re.fullmatch(r"[\w-]+", name):
         raise DataError(f"{source}: config name {name!r} is not a file name of conf/")
     if not (trust.CONF / f"{name}.yaml").is_file():
