@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -42,15 +41,13 @@ from repro.files import write_text_atomic
 from repro.guards import folders
 from repro.guards.text import for_terminal
 from repro.resume import overrides as recorded_overrides
-from repro.runs import run_lock, trust
+from repro.runs import run_lock
 from repro.runs.history import ATTEMPTS_FILE, RunHistory
-from repro.runs.trust import UntrustedConfigError
 from repro.sweeps import ERROR_FILE, report
 
 USAGE = "python -m repro.resume PATH [force=true] [trust=true]"
 SWEEP_RECORD = "multirun.yaml"
 COMPLETE = "complete"
-TRAIN_CONFIG = "config"  # repro.train's config name (conf/config.yaml)
 
 
 class Job(NamedTuple):
@@ -182,63 +179,7 @@ def _before_running(path: Path, recorded: list[Path], unfinished: list[Path], fo
             pass
 
 
-class Relaunch(NamedTuple):
-    """What `python -m repro.train` is run with, every part checked (`_checked_relaunch`)."""
-
-    config_name: str
-    hydra: list[str]  # the launcher's choice and settings
-    task: list[str]
-    hash_seed: str | None
-
-
-def _checked_relaunch(
-    recorded: dict[str, Any], task: Any, env: dict | None, source: Path, trusted: bool
-) -> Relaunch:
-    """The relaunch a record asks for, refused in one line where it asks for more than
-    values: see the module's docstring."""
-    hydra = recorded_overrides.check(recorded["overrides"]["hydra"], source, trusted)
-    hydra = [o for o in hydra if o.lstrip("~+").split("=", 1)[0] not in recorded_overrides.REPLACED]
-    task = recorded_overrides.check(task, source, trusted)
-    name = recorded["job"].get("config_name", TRAIN_CONFIG)  # absent: the entry point's own
-    if name != TRAIN_CONFIG and not trusted:
-        raise UntrustedConfigError(
-            f"{source}: the recorded config name {name!r} is refused: repro.train's config is "
-            f"{TRAIN_CONFIG!r} (conf/{TRAIN_CONFIG}.yaml), and a run folder decides values only; "
-            "if you made this folder, or trust whoever did, add trust=true"
-        )
-    if not isinstance(name, str) or not re.fullmatch(r"[\w-]+", name):
-        raise DataError(f"{source}: config name {name!r} is not a file name of conf/")
-    if not (trust.CONF / f"{name}.yaml").is_file():
-        raise DataError(f"{source}: config name {name!r}: this checkout has no conf/{name}.yaml")
-    seed = (env or {}).get("pythonhashseed")
-    digits = re.fullmatch(r"[0-9]{1,10}", str(seed))
-    valid = str(seed) == "random" or (digits is not None and int(str(seed)) < 2**32)
-    if seed is not None and not valid:  # else Python itself stops the child, in several lines
-        raise DataError(f"{source}: recorded hash seed {seed!r} is not random or a number")
-    return Relaunch(name, hydra, task, None if seed is None else str(seed))
-
-
-def _check_composes(run: Relaunch, task: list[str], source: Path) -> None:
-    """Compose the relaunch's config (one job's `task` overrides) before anything runs: a
-    record that does not fit this checkout is one line here, not Hydra's error in the child."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from repro import schema
-
-    schema.register()
-    try:
-        with initialize_config_dir(config_dir=str(trust.CONF), version_base="1.3"):
-            compose(run.config_name, [*run.hydra, *task], return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise DataError(
-            f"{source}: its overrides do not compose in this checkout: {reason}"
-        ) from None
-
-
-def _relaunch(recorded: dict[str, Any], folder: str, run: Relaunch) -> int:
+def _relaunch(recorded: dict[str, Any], folder: str, run: recorded_overrides.Relaunch) -> int:
     """`python -m repro.train` into the same output folder (`folder`: `hydra.run.dir=...` or
     `hydra.sweep.dir=...`) with the checked `run`, in this process's working directory, with
     the recorded hash seed; its output goes straight to ours. Returns its exit status, as a
@@ -268,11 +209,13 @@ def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
     recorded = yaml.safe_load(first_record)["hydra"]
     with_records = sorted(p.parent for p in sweep_dir.glob("*/attempts.jsonl"))
     env = next(filter(None, map(_recorded_environment, with_records)), None)
-    relaunch = _checked_relaunch(recorded, recorded["overrides"]["task"], env, record, trusted)
+    relaunch = recorded_overrides.checked_relaunch(
+        recorded, recorded["overrides"]["task"], env, record, trusted
+    )
     jobs = sweep_jobs(sweep_dir, recorded, trusted)
     for job in jobs:  # the sweeper's params expanded too: each job is a command line
         recorded_overrides.check(job.overrides, record, trusted)
-    _check_composes(relaunch, jobs[0].overrides if jobs else [], record)
+    recorded_overrides.check_composes(relaunch, jobs[0].overrides if jobs else [], record)
     todo = [job for job in jobs if job.state != COMPLETE]
     if not todo:
         report.write(report.build(sweep_dir))
@@ -310,8 +253,8 @@ def resume_run(run_dir: Path, force: bool, trusted: bool = False) -> int:
     task = attempts[-1]["overrides"] if attempts else recorded["overrides"]["task"]
     source = run_dir / (ATTEMPTS_FILE if attempts else ".hydra/hydra.yaml")
     env = _recorded_environment(run_dir)
-    relaunch = _checked_relaunch(recorded, task, env, source, trusted)
-    _check_composes(relaunch, relaunch.task, source)
+    relaunch = recorded_overrides.checked_relaunch(recorded, task, env, source, trusted)
+    recorded_overrides.check_composes(relaunch, relaunch.task, source)
     _before_running(run_dir, [run_dir], [run_dir], force)
     return _relaunch(recorded, f"hydra.run.dir={run_dir.absolute()}", relaunch)
 

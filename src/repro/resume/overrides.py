@@ -5,19 +5,25 @@
 from its study's database: files that may come from someone else. Each override must be a
 value of the run's own keys or an option name of a config group; of Hydra's settings only the
 launcher's choice and its job count. Everything else is refused in one line, unless the user
-says `trust=true` (docs/security.md).
+says `trust=true` (docs/security.md). `checked_relaunch` is the whole command `repro.resume`
+runs from a record (repro.train's own config, checked overrides, a hash seed Python takes);
+`check_composes` composes it in this checkout before anything runs.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
+from repro.errors import DataError
+from repro.runs import trust
 from repro.runs.trust import UntrustedConfigError, interpolates
 
 # Of Hydra's settings, a recorded command may choose the launcher among this checkout's
 # options and how many jobs it runs at once; the rest is this checkout's.
 HYDRA_ALLOWED = ("hydra/launcher", "hydra.launcher.n_jobs")
+TRAIN_CONFIG = "config"  # repro.train's config name (conf/config.yaml)
 REPLACED = ("hydra.mode", "hydra.run.dir", "hydra.sweep.dir")  # repro.resume sets them itself
 # Keys Hydra's instantiate reads (`_target_`, `_args_`, `_partial_` ...): never from a record.
 _INSTANTIATE_KEY = re.compile(r"(?:^|[./\s{,])_[a-z]+_(?:$|[.:/\s}=])")
@@ -66,3 +72,59 @@ def _refused_override(key: str, value: str) -> str | None:
     if key == "data.download" and value.strip().lower() not in ("false", "null"):
         return "a download, which reaches the network and writes where the record says"
     return None
+
+
+class Relaunch(NamedTuple):
+    """What `python -m repro.train` is run with, every part checked (`checked_relaunch`)."""
+
+    config_name: str
+    hydra: list[str]  # the launcher's choice and settings
+    task: list[str]
+    hash_seed: str | None
+
+
+def checked_relaunch(
+    recorded: dict[str, Any], task: Any, env: dict | None, source: Path, trusted: bool
+) -> Relaunch:
+    """The relaunch a record asks for, refused in one line where it asks for more than
+    values: see the module's docstring."""
+    hydra = check(recorded["overrides"]["hydra"], source, trusted)
+    hydra = [o for o in hydra if o.lstrip("~+").split("=", 1)[0] not in REPLACED]
+    task = check(task, source, trusted)
+    name = recorded["job"].get("config_name", TRAIN_CONFIG)  # absent: the entry point's own
+    if name != TRAIN_CONFIG and not trusted:
+        raise UntrustedConfigError(
+            f"{source}: the recorded config name {name!r} is refused: repro.train's config is "
+            f"{TRAIN_CONFIG!r} (conf/{TRAIN_CONFIG}.yaml), and a run folder decides values only; "
+            "if you made this folder, or trust whoever did, add trust=true"
+        )
+    if not isinstance(name, str) or not re.fullmatch(r"[\w-]+", name):
+        raise DataError(f"{source}: config name {name!r} is not a file name of conf/")
+    if not (trust.CONF / f"{name}.yaml").is_file():
+        raise DataError(f"{source}: config name {name!r}: this checkout has no conf/{name}.yaml")
+    seed = (env or {}).get("pythonhashseed")
+    digits = re.fullmatch(r"[0-9]{1,10}", str(seed))
+    valid = str(seed) == "random" or (digits is not None and int(str(seed)) < 2**32)
+    if seed is not None and not valid:  # else Python itself stops the child, in several lines
+        raise DataError(f"{source}: recorded hash seed {seed!r} is not random or a number")
+    return Relaunch(name, hydra, task, None if seed is None else str(seed))
+
+
+def check_composes(run: Relaunch, task: list[str], source: Path) -> None:
+    """Compose the relaunch's config (one job's `task` overrides) before anything runs: a
+    record that does not fit this checkout is one line here, not Hydra's error in the child."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from repro import schema
+
+    schema.register()
+    try:
+        with initialize_config_dir(config_dir=str(trust.CONF), version_base="1.3"):
+            compose(run.config_name, [*run.hydra, *task], return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise DataError(
+            f"{source}: its overrides do not compose in this checkout: {reason}"
+        ) from None

@@ -84,8 +84,9 @@ def as_data(config: Any, source: object, trust: bool = False) -> dict[str, Any]:
         raise UntrustedConfigError(f"{source}: holds no config (a mapping of keys to values)")
     stored = copy.deepcopy(watched_only(config))
     check(stored, source, trust)
-    misshapen = [key for key, value in stored.items() if not _shaped(key, value)]
-    if misshapen:  # no config of this template: one line here, not a traceback where it is used
+    # Sections are mappings of settings (the preset, a name): anything else is no config of ours.
+    misshapen = [k for k, v in stored.items() if not isinstance(v, dict) and k != "preset"]
+    if misshapen:  # one line here, not a traceback where it is first used
         raise UntrustedConfigError(
             f"{source}: not a config of this template ({', '.join(map(str, misshapen))}: not "
             "a mapping of settings)"
@@ -95,14 +96,6 @@ def as_data(config: Any, source: object, trust: bool = False) -> dict[str, Any]:
     if isinstance(stored.get("logger"), dict):
         stored["logger"].update(mlflow=None, wandb=None)
     return stored
-
-
-def _shaped(key: object, value: Any) -> bool:
-    """Whether a stored config's top-level `value` has the shape its section has: settings (a
-    mapping), or the preset's name."""
-    if key == "preset":
-        return value is None or isinstance(value, str)
-    return isinstance(value, dict)
 
 
 def watched_only(config: dict[str, Any]) -> dict[str, Any]:
