@@ -385,3 +385,10 @@ def test_a_killed_trial_in_a_received_study_reruns_with_values_of_the_search_spa
     assert trial.state == TrialState.COMPLETE
     overrides = yaml.safe_load((sweep / "0" / ".hydra" / "overrides.yaml").read_text())
     assert not [o for o in overrides if "callbacks.x" in o]
+
+
+def test_where_a_relaunch_writes_is_resumes_to_say_never_the_records():
+    recorded = {"job": {"config_name": "config"}, "overrides": {"hydra": ["hydra.mode=RUN"]}}
+    task = ["++hydra.run.dir=/elsewhere", "hydra.sweep.dir=/elsewhere", "trainer.epochs=2"]
+    relaunch = recorded_overrides.checked_relaunch(recorded, task, None, Path("record"), False)
+    assert relaunch.task == ["trainer.epochs=2"] and relaunch.hydra == []

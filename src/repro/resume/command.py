@@ -194,7 +194,8 @@ def _relaunch(recorded: dict[str, Any], folder: str, run: recorded_overrides.Rel
             f"note: it was started in {shown}; relative paths now resolve from here, {Path.cwd()}"
         )
     mode = ["--multirun"] if recorded["mode"] == "MULTIRUN" else []
-    arguments = [*mode, f"--config-name={run.config_name}", *run.hydra, folder, *run.task]
+    # The folder last: an override after it would win (trusted records keep theirs too).
+    arguments = [*mode, f"--config-name={run.config_name}", *run.hydra, *run.task, folder]
     shown = for_terminal(shlex.join(["python", "-m", "repro.train", *arguments]))
     print(f"running: {shown}", flush=True)
     command = [sys.executable, "-m", "repro.train", *arguments]

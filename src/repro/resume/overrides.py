@@ -88,9 +88,12 @@ def checked_relaunch(
 ) -> Relaunch:
     """The relaunch a record asks for, refused in one line where it asks for more than
     values: see the module's docstring."""
-    hydra = check(recorded["overrides"]["hydra"], source, trusted)
-    hydra = [o for o in hydra if o.lstrip("~+").split("=", 1)[0] not in REPLACED]
-    task = check(task, source, trusted)
+
+    def own(overrides: list[str]) -> list[str]:  # where files go is resume's to say, not theirs
+        return [o for o in overrides if o.lstrip("~+").split("=", 1)[0] not in REPLACED]
+
+    hydra = own(check(recorded["overrides"]["hydra"], source, trusted))
+    task = own(check(task, source, trusted))
     name = recorded["job"].get("config_name", TRAIN_CONFIG)  # absent: the entry point's own
     if name != TRAIN_CONFIG and not trusted:
         raise UntrustedConfigError(
