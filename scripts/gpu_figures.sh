@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_figures.sh PART IMAGES OUT
 #
-# PART: checks | airbench | speedrun | throughput | overhead | data | profile (each fits in one
+# PART: checks | airbench | speedrun | throughput | overhead | data | profile | peers (each fits in one
 # 10-minute device call; run them in that order, checks first). IMAGES: CIFAR-10 as an image
 # folder (IMAGES/train/<class>/*, IMAGES/test/<class>/*), decoded into memory by every run
 # that reads it (the overhead, data and checks parts use the built-in synthetic data; pass
@@ -15,7 +15,7 @@
 # a device machine has no .git; default: git's, where there is one), PART_TIMEOUT (seconds,
 # default 540: a part stops under a 10-minute call limit, its table noting what did not run).
 set -euo pipefail
-usage="usage: gpu_figures.sh checks|airbench|speedrun|throughput|overhead|data|profile IMAGES OUT"
+usage="usage: gpu_figures.sh checks|airbench|speedrun|throughput|overhead|data|profile|peers IMAGES OUT"
 part=${1:?$usage}
 images=${2:?$usage}
 out=${3:?$usage}
@@ -24,8 +24,8 @@ scratch=${SCRATCH:-/tmp/gpu_figures}
 deadline=$((SECONDS + ${PART_TIMEOUT:-540}))
 commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo "unknown (set COMMIT)")}
 case $part in
-    checks | airbench | speedrun | throughput | overhead | data | profile) ;;
-    *) echo "error: part=$part is not one of checks, airbench, speedrun, throughput, overhead, data, profile" >&2; exit 2 ;;
+    checks | airbench | speedrun | throughput | overhead | data | profile | peers) ;;
+    *) echo "error: part=$part is not one of checks, airbench, speedrun, throughput, overhead, data, profile, peers" >&2; exit 2 ;;
 esac
 rm -rf "$scratch" && mkdir -p "$scratch" "$out"
 table="$out/$part.md"
@@ -111,8 +111,14 @@ case $part in
         run invariant-fused "$python" -m repro.train trainer.world_invariant=true \
             trainer.global_batch=true trainer.micro_batch=64 optimizer.fused=true \
             trainer.max_steps=20 trainer.device=cuda "hydra.run.dir=$scratch/invariant"
+        # The same with the recipes' fast features: bf16, channels_last, batches made on the GPU.
+        run exactness-bf16 "$python" -m benchmarks suite=exactness preset=exact amp=bf16 \
+            memory_format=channels_last dataloader=device augment.cutout=8 \
+            augment.crop_padding_mode=reflect augment.flip=alternate +components=lookahead \
+            'suite.checks=[rerun,kill_resume]' "hydra.run.dir=$scratch/exactness-bf16"
         grep -h "passed\|failed" "$scratch/cuda-tests.log" | tail -n 1 | sed 's/^/- CUDA tests: /' >> "$table" || true
         [[ -f $scratch/exactness/bench.md ]] && cat "$scratch/exactness/bench.md" >> "$table"
+        [[ -f $scratch/exactness-bf16/bench.md ]] && cat "$scratch/exactness-bf16/bench.md" >> "$table"
         [[ -f $scratch/invariant/summary.json ]] && echo "- world-invariant fused SGD: trained" >> "$table"
         ;;
     airbench) recipe cifar10_airbench 5 ;;
@@ -149,5 +155,14 @@ case $part in
             head -n 40 "$scratch/profile/$experiment/profile/steps-60-70.txt" >> "$table" 2>/dev/null || true
         done
         ;;
+    peers)
+        # airbench94 and timm's train.py beside our recipes (benchmarks/peers.py); PEER_ARGS
+        # adds suite settings (e.g. suite.timm_train=PATH).
+        run peers "$python" -m benchmarks suite=peers "${cifar[@]}" ${PEER_ARGS:-} \
+            "hydra.run.dir=$scratch/peers"
+        cat "$scratch/peers/bench.md" >> "$table" 2>/dev/null || true
+        ;;
 esac
+# The raw records beside the table: every bench.json and log of the part, one archive.
+(cd "$scratch" && find . -name bench.json -o -name '*.log' | tar -czf "$out/$part-raw.tar.gz" -T -) || true
 echo "$table"
