@@ -332,12 +332,13 @@ def test_peers_in_cpu_mode_writes_airbenchs_files_and_runs_our_side(tmp_path):
     assert test["labels"].tolist() == sorted(test["labels"].tolist())
 
 
-def test_timms_rate_is_read_after_its_first_epoch():
+def test_timms_rate_is_its_epoch_average_after_the_first_epoch():
     from benchmarks.peers import timm_images_per_second
 
     line = ("Train: {} [  {}/97 ( 10%)]  Loss: 2.30 (2.30)  Time: 0.250s, {:>7.2f}/s  "
-            "(0.260s, 1900.00/s)  LR: 1.000e-01  Data: 0.010 (0.012)")  # fmt: skip
-    log = "\n".join([line.format(0, 0, 100.0), line.format(1, 10, 2000.0),
-                     line.format(1, 20, 2100.0), line.format(1, 30, 2050.0)])  # fmt: skip
-    assert timm_images_per_second(log) == 2050.0
-    assert timm_images_per_second(line.format(0, 0, 100.0)) is None
+            "({:.3f}s, {:>7.2f}/s)  LR: 1.000e-01  Data: 0.010 (0.012)")  # fmt: skip
+    rates = [(0, 100.0, 90.0), (1, 2000.0, 1500.0), (1, 2100.0, 1600.0), (1, 2050.0, 1650.0)]
+    log = "\n".join(line.format(epoch, 10, one, 0.3, average) for epoch, one, average in rates)
+    # The running average on the steady epoch's last line, not one batch's rate.
+    assert timm_images_per_second(log) == 1650.0
+    assert timm_images_per_second(line.format(0, 0, 100.0, 0.3, 90.0)) is None
