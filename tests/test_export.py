@@ -260,3 +260,36 @@ def test_mistakes_are_one_line_each_and_write_nothing(runs, tmp_path, capsys):
         assert stopped.value.code == 2 and message in error, error
         assert error.startswith("error: ") and error.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.pt", "taken.onnx.json"]
+
+
+# ---- the unit: the parity check (fast, in-process) -----------------------------------------
+
+
+@pytest.mark.parametrize("offset", [-5.0, 5.0])
+def test_parity_reports_the_largest_absolute_difference_whatever_its_sign(offset):
+    from repro.export.formats import BATCH_SIZES, parity
+
+    images = torch.rand(40, 3, 4, 4)
+    expected = images.flatten(1)[:, :10] * 8 - 4  # logits in [-4, 4]
+
+    def shifted(batch):  # every logit off by `offset`, one by 2 * offset
+        out = batch.flatten(1)[:, :10] * 8 - 4 + offset
+        out[0, 3] += offset
+        return out
+
+    found = parity(shifted, images, expected)
+    assert found["max_abs_diff"] == pytest.approx(2 * abs(offset))
+    assert found["max_abs_logit"] == pytest.approx(float(expected.abs().max()))
+    assert found["batch_sizes"] == [*[s for s in BATCH_SIZES if s < 40], 40]
+    assert (
+        parity(lambda batch: batch.flatten(1)[:, :10] * 8 - 4, images, expected)["max_abs_diff"]
+        == 0
+    )
+
+
+def test_parity_refuses_logits_of_another_shape():
+    from repro.export.formats import parity
+
+    images = torch.rand(5, 3, 4, 4)
+    with pytest.raises(ExportError, match=r"shape \(1, 9\), not \(1, 10\)"):
+        parity(lambda batch: torch.zeros(len(batch), 9), images, torch.zeros(5, 10))

@@ -157,3 +157,30 @@ def test_under_torchrun_the_backbone_stays_frozen_then_trains(pretrained, tmp_pa
     if invariant:
         alone = train_in_process(tmp_path / "alone", *overrides(tree, file, *more))
         assert alone["weights_sha256"] == read_summary(run_dir)["weights_sha256"]
+
+
+# ---- the unit: the freeze schedule (fast, in-process) --------------------------------------
+
+
+def _head_and_backbone() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Flatten(),
+        torch.nn.LazyLinear(2),
+    )
+
+
+def test_freeze_steps_freezes_exactly_that_many_steps():
+    from types import SimpleNamespace
+
+    from repro.components.finetune import Finetune
+
+    finetune = Finetune(_head_and_backbone(), total_steps=10, freeze_steps=3)
+    frozen = [finetune.frozen_at(SimpleNamespace(step=s, epoch=0)) for s in range(6)]
+    assert frozen == [True, True, True, False, False, False]  # steps 1-3 train the head only
+    by_epochs = Finetune(_head_and_backbone(), total_steps=10, freeze_epochs=1)
+    assert [by_epochs.frozen_at(SimpleNamespace(step=9, epoch=e)) for e in (0, 1)] == [True, False]
+    assert not Finetune(_head_and_backbone(), total_steps=10).frozen_at(
+        SimpleNamespace(step=0, epoch=0)
+    )

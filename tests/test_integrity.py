@@ -126,3 +126,25 @@ def test_init_weights_refuses_a_damaged_checkpoint_of_ours(tmp_path):
     flip_byte(last, tensor_spans(last)[0][0])
     with pytest.raises(CheckpointError, match=r"init_weights=.*last\.pt: damaged"):
         train_in_process(tmp_path / "tuned", *tiny(f"trainer.init_weights={last}"))
+
+
+# ---- the unit: what the digest covers (fast, in-process) -----------------------------------
+
+
+def test_the_digest_covers_every_key_not_only_the_values():
+    weights = {"fc.weight": torch.ones(2, 3), "fc.bias": torch.zeros(2)}
+    state = integrity.sealed({"model": weights, "step": 3})
+    renamed = {"fc.wfight": weights["fc.weight"], "fc.bias": weights["fc.bias"]}
+    assert not integrity.intact({**state, "model": renamed})
+    assert not integrity.intact({**{k: v for k, v in state.items() if k != "step"}, "stop": 3})
+    assert integrity.intact(state)
+
+
+def test_the_digest_covers_order_dtype_shape_and_type():
+    base = integrity.content_sha256({"a": torch.arange(6.0), "b": 1})
+    swapped = integrity.content_sha256({"b": 1, "a": torch.arange(6.0)})
+    half = integrity.content_sha256({"a": torch.arange(6.0).half(), "b": 1})
+    shaped = integrity.content_sha256({"a": torch.arange(6.0).reshape(2, 3), "b": 1})
+    typed = integrity.content_sha256({"a": torch.arange(6.0), "b": 1.0})
+    assert len({base, swapped, half, shaped, typed}) == 5
+    assert integrity.content_sha256({"a": torch.arange(6.0), "b": 1}) == base

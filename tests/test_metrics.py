@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 from torch import nn
 
 from repro import evaluate as evaluate_command
@@ -217,3 +218,37 @@ def test_one_and_two_processes_give_the_same_figures(tmp_path):
     assert tested == {key: two[key] for key in tested}
     # Each rank counted its own half of the test split: every image once.
     assert sum(map(sum, two["test_confusion_matrix"])) == 128
+
+
+# ---- the unit: which user metrics can be summed over ranks (fast, in-process) -------------
+
+
+def _user_metric(reduce: str) -> type:
+    from torchmetrics import Metric
+
+    class UserMetric(Metric):
+        def __init__(self, num_classes: int, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.add_state("seen", torch.tensor(0.0), dist_reduce_fx=reduce)
+
+        def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+            self.seen += len(target)
+
+        def compute(self) -> torch.Tensor:
+            return self.seen
+
+    return UserMetric
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "mean", "cat"])
+def test_a_user_metric_whose_state_is_not_summed_over_ranks_is_refused(reduce, monkeypatch):
+    monkeypatch.setattr(__import__(__name__), "UserMetric", _user_metric(reduce), raising=False)
+    nodes = OmegaConf.create({"mine": {"_target_": f"{__name__}.UserMetric"}})
+    with pytest.raises(UserError, match=r"metrics\.mine\._target_=.*states are all counts"):
+        build_scores(nodes, classes=3)
+
+
+def test_a_user_metric_of_counts_is_accepted(monkeypatch):
+    monkeypatch.setattr(__import__(__name__), "UserMetric", _user_metric("sum"), raising=False)
+    nodes = OmegaConf.create({"mine": {"_target_": f"{__name__}.UserMetric"}})
+    assert list(build_scores(nodes, classes=3).metrics) == ["mine"]

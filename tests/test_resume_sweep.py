@@ -165,3 +165,39 @@ def test_a_folder_a_live_run_owns_is_refused_with_the_lock_message(tmp_path, cap
         owner.wait()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "in use by a live run (pid 1 on elsewhere" in err
+
+
+# ---- the unit: a job's state from its folder (fast, in-process) ----------------------------
+
+
+def _job_folder(tmp_path: Path, summary: dict | None, results: list[str], error: str = "") -> Path:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    lines = [json.dumps({"attempt": n + 1, "result": r}) for n, r in enumerate(results)]
+    if lines:
+        (folder / "attempts.jsonl").write_text("\n".join(lines) + "\n")
+    if error:
+        (folder / "error.txt").write_text(error + "\n")
+    return folder
+
+
+JOB_STATES = {
+    "finished": ({"completed": True, "step": 6}, ["completed"], "", "complete"),
+    "stopped by SIGTERM": (
+        {"completed": False, "step": 3, "stopped_by_signal": 15},
+        ["stopped by signal 15"], "", "stopped by signal 15",
+    ),
+    "a summary without the flag": ({"step": 3}, ["halted"], "", "halted"),
+    "killed outright": (None, ["running"], "", "killed"),
+    "killed before its first record": (None, [], "", "killed"),
+    "failed": (None, ["failed: boom"], "ValueError: boom", "failed: ValueError: boom"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", JOB_STATES)
+def test_a_jobs_state_is_complete_only_when_its_summary_says_completed(case, tmp_path):
+    summary, results, error, expected = JOB_STATES[case]
+    assert resume.job_state(_job_folder(tmp_path, summary, results, error)) == expected
+    assert resume.job_state(None) == "never started"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 
 import pytest
 import yaml
@@ -262,3 +263,37 @@ def test_the_sweeper_refuses_what_is_not_two_configs_in_one_line(tmp_path):
         done = run_cli("repro.train", *ADAPTIVE, *arguments, f"hydra.sweep.dir={tmp_path}")
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+# ---- the unit: the report's choice of test (fast, in-process) ------------------------------
+
+
+def test_one_shared_seed_falls_back_to_welch_and_two_make_a_paired_headline():
+    a = [(0, 0.50), (1, 0.55), (2, 0.52)]
+    one_shared = [(2, 0.60), (7, 0.58), (8, 0.61)]
+    found = report.compare(a, one_shared)
+    welch = difference_of_means([v for _, v in a], [v for _, v in one_shared])
+    assert found["test"] == "Welch: seeds not shared" and found["paired"] is None
+    assert (found["difference"], found["ci_low"], found["ci_high"]) == (
+        welch.difference, welch.ci_low, welch.ci_high,
+    )  # fmt: skip
+    two_shared = [(1, 0.60), (2, 0.58), (9, 0.70)]
+    found = report.compare(a, two_shared)
+    paired = paired_difference([0.55, 0.52], [0.60, 0.58])
+    assert found["test"] == "paired: 2 shared seeds (2 unmatched jobs left out)"
+    assert found["difference"] == pytest.approx(0.055) == paired.difference
+    assert (found["ci_low"], found["ci_high"]) == (paired.ci_low, paired.ci_high)
+    assert found["welch"]["difference"] == pytest.approx(
+        statistics.fmean([0.6, 0.58, 0.7]) - 0.52333333
+    )
+
+
+def test_a_look_stops_on_the_intervals_width_not_its_half_width():
+    differences = [0.01, -0.012, 0.004, -0.002]
+    rule = Rule("val_loss", round=2, budget=6, target_width=None, confidence=0.95)
+    seen, _ = look(differences, rule)
+    width = seen["ci_high"] - seen["ci_low"]
+    wider = Rule("val_loss", round=2, budget=6, target_width=width * 1.01, confidence=0.95)
+    between = Rule("val_loss", round=2, budget=6, target_width=width * 0.75, confidence=0.95)
+    assert "narrower than" in look(differences, wider)[1]
+    assert look(differences, between)[1] is None  # the half-width is below it; the width is not

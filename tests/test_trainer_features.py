@@ -182,3 +182,47 @@ def test_train_seconds_leave_evaluations_out_and_add_up_over_attempts(tmp_path, 
     seconds = [float(row["train_s"]) for row in rows(tmp_path)]
     assert len(seconds) == 6 and seconds == sorted(seconds)
     assert seconds[-1] == pytest.approx(summary["train_s"], abs=0.01)  # then the checkpoint
+
+
+# ---- the unit: one optimizer step's micro-batches (fast, in-process) -----------------------
+
+
+def _one_step(accumulate_steps: int) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """One SGD step of a linear model on 8 fixed images, as `accumulate_steps` micro-batches;
+    the objective's extra term is 1.0 per image. Returns the step's terms and the gradients."""
+    from torch.nn import functional
+
+    from repro.engine.settings import LoopSettings
+    from repro.engine.step import OptimizerStep
+    from repro.runtime.memory_format import MemoryFormat
+    from repro.runtime.precision import Precision
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients stay to be read
+    images, labels = torch.randn(8, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+
+    def objective(logits, targets):
+        per_image = functional.cross_entropy(logits, targets.labels, reduction="none")
+        return {"loss": per_image, "ones": torch.ones(len(per_image)), "batch": per_image.sum()}
+
+    step = OptimizerStep(
+        model=model, forward_model=model, optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        precision=Precision("off", torch.device("cpu")), memory_format=MemoryFormat("contiguous"),
+        settings=LoopSettings(accumulate_steps=accumulate_steps), objective=objective,
+    )  # fmt: skip
+    terms = step(images, labels, epoch=0, batch=0)
+    return terms, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("pieces", [2, 4])
+def test_accumulation_logs_each_term_as_the_whole_batchs_mean_and_keeps_its_gradient(pieces):
+    whole, whole_grads = _one_step(1)
+    split, split_grads = _one_step(pieces)
+    assert float(split["ones"]) == 1.0 == float(whole["ones"])  # a term, not only the total
+    assert float(split["loss"]) == pytest.approx(float(whole["loss"]), rel=1e-6)
+    # A 0-d term is the micro-batch's own value: its mean over the pieces, not their sum.
+    assert float(split["batch"]) == pytest.approx(float(whole["batch"]) / pieces, rel=1e-6)
+    for got, expected in zip(split_grads, whole_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)

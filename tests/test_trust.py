@@ -177,3 +177,22 @@ def test_a_target_named_in_conf_local_is_trusted_on_this_machine(tmp_path, monke
     finally:
         monkeypatch.undo()
         trust.conf_targets.cache_clear()
+
+
+# ---- the unit: what counts as an interpolation (fast, in-process) --------------------------
+
+
+@pytest.mark.parametrize(
+    "value", ["${oc.env:HOME}", "x${oc.env:HOME}", "cache/${now:%H}/run", "a $ b ${c}"]
+)
+def test_an_interpolation_anywhere_in_a_string_is_refused(value):
+    assert trust.interpolates(value)
+    stored = {"trainer": {"tta": value}}
+    with pytest.raises(UntrustedConfigError, match=r"trainer\.tta=.*an interpolation"):
+        trust.check(stored, "crafted.pt")
+
+
+@pytest.mark.parametrize("value", ["flip", "$HOME", "{x}", "$ {x}", "costs $5"])
+def test_a_string_without_an_interpolation_passes(value):
+    assert not trust.interpolates(value)
+    trust.check({"trainer": {"tta": value}}, "crafted.pt")  # no refusal
