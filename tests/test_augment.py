@@ -85,6 +85,7 @@ def test_a_yaml_list_of_torchvision_transforms_trains_the_same_for_any_worker_co
 @pytest.mark.parametrize(
     "augment", ["augment.cutout=8", "augment.flip=alternate", "augment.crop_padding_mode=reflect"]
 )
+@pytest.mark.slow
 def test_cutout_flips_and_padding_train_the_same_with_workers_or_the_device_loader(
     augment, tmp_path
 ):
@@ -138,6 +139,7 @@ RANDAUGMENT_CUTMIX = tiny(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_randaugment_with_cutmix_is_the_same_for_any_workers_and_after_a_kill(tmp_path):
     hashes = {}
     for workers in (0, 2):

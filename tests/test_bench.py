@@ -98,6 +98,7 @@ def test_overhead_suite_compares_the_loop_with_a_bare_one(bench, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_startup_suite_from_the_command_line(tmp_path):
     done = run_cli("benchmarks", "suite=startup", "suite.repeats=1", *tiny(),
                    f"hydra.run.dir={tmp_path}")  # fmt: skip
@@ -176,6 +177,7 @@ def test_the_fp16_runs_drop_the_exact_preset_and_keep_its_other_settings(tmp_pat
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_exactness_suite_passes_on_this_machine(tmp_path):
     done = run_cli("benchmarks", *EXACTNESS, "suite.kill_seed=0", *tiny(),
                    f"hydra.run.dir={tmp_path}")  # fmt: skip
@@ -213,6 +215,7 @@ class Noisy(SmallCNN):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_failing_check_is_reported_and_the_command_exits_1(tmp_path):
     (tmp_path / "noisy_model.py").write_text(NOISY_MODEL)
     done = run_cli(
@@ -282,7 +285,7 @@ def test_gpu_figures_runs_one_part_into_a_table_and_refuses_an_unknown_part(tmp_
     done = subprocess.run(["bash", str(script), "data", str(tmp_path), str(out)], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert [p.name for p in out.iterdir()] == ["data.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["data-raw.tar.gz", "data.md"]
     table = (out / "data.md").read_text()
     assert "- commit: abc123" in table and f"torch {torch.__version__}" in table
     assert "- data: not run (the part's time was spent)" in table
@@ -308,6 +311,7 @@ def test_peers_refuses_without_a_gpu_and_names_the_cpu_check(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_peers_in_cpu_mode_writes_airbenchs_files_and_runs_our_side(tmp_path):
     from torchvision.io import decode_image
 

@@ -76,6 +76,7 @@ def test_truncated_newest_falls_back_to_the_previous_good_one(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_resume_after_truncation_still_ends_with_the_same_weights(tmp_path):
     reference = train_in_process(tmp_path / "ref", *KEEP)["weights_sha256"]
     run_dir = tmp_path / "run"
@@ -113,6 +114,7 @@ def test_foreign_and_malicious_files_are_refused(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_malicious_last_pt_stops_auto_resume_and_is_kept(tmp_path):
     run_dir = tmp_path / "run"
     train_in_process(run_dir, *KEEP)
@@ -128,6 +130,7 @@ def test_a_malicious_last_pt_stops_auto_resume_and_is_kept(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_resume_path_with_a_foreign_file_is_refused(tmp_path):
     foreign = tmp_path / "model.pt"
     torch.save({"w": torch.zeros(1)}, foreign)
@@ -137,6 +140,7 @@ def test_resume_path_with_a_foreign_file_is_refused(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_resuming_under_a_different_config_names_the_keys(tmp_path):
     run_dir = tmp_path / "run"
     train_in_process(run_dir, *KEEP)
@@ -191,6 +195,7 @@ def test_the_saved_state_is_a_copy_taken_at_save_time(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint_usable(tmp_path):
     run_dir = tmp_path / "run"
     killed = run_cli("repro.train", *KEEP, f"hydra.run.dir={run_dir}",

@@ -80,6 +80,7 @@ EMA_ACCUMULATE = tiny(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_ema_and_accumulation_resume_exactly_after_a_kill(workers, tmp_path):
     command = [*EMA_ACCUMULATE, f"dataloader.num_workers={workers}"]
     straight = run_cli("repro.train", *command, f"hydra.run.dir={tmp_path / 'straight'}")

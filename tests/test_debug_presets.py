@@ -34,6 +34,7 @@ def test_fast_shortens_an_experiment_without_changing_its_recipe():
     assert cfg.optimizer.lr == 0.4 and cfg.objective.label_smoothing == 0.1
 
 
+@pytest.mark.slow
 def test_overfit_memorises_its_few_fixed_batches(tmp_path):
     cfg = compose_config("debug=overfit")
     assert (cfg.data.train_size, cfg.data.augment, cfg.trainer.epochs) == (512, False, 50)

@@ -35,6 +35,7 @@ def straight(tmp_path_factory):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_two_processes_one_folder_one_summary_rank0_writes(straight):
     summary = read_summary(straight)
     assert summary["world_size"] == 2 and summary["completed"]
@@ -68,6 +69,7 @@ def test_rerun_gives_the_same_weights(straight, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_sigkill_of_the_whole_job_then_resume_is_exact(straight, tmp_path):
     run_dir = tmp_path / "killed"
     killed = torchrun(*DDP, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:9"})
@@ -127,6 +129,7 @@ def test_ranks_agree_on_a_stop_signal_every_ten_steps_only(monkeypatch):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_ranks_test_the_best_pt_its_last_checkpoint_wrote(tmp_path):
     # One epoch, one evaluation: best.pt appears only with the run's last checkpoint, which
     # rank 0 writes in the background; every rank must test those same weights.
@@ -144,6 +147,7 @@ def test_the_ranks_test_the_best_pt_its_last_checkpoint_wrote(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_every_rank_refuses_a_folder_that_a_live_run_owns(tmp_path):
     """Rank 0 takes the folder's lock for all ranks: when it is taken, every rank stops."""
     run_dir = tmp_path / "run"

@@ -92,6 +92,7 @@ def test_a_config_hydra_cannot_compose_names_the_override(case):
     ("overrides", "expected"),
     [(["amp=fp61"], "Could not find 'amp/fp61'"), (["trainer.batch_size=0"], "error: trainer")],
 )
+@pytest.mark.slow
 def test_on_the_command_line_a_mistake_is_a_message_without_traceback(
     overrides, expected, tmp_path
 ):
@@ -102,6 +103,7 @@ def test_on_the_command_line_a_mistake_is_a_message_without_traceback(
     assert not (tmp_path / "run" / "checkpoints").exists(), "no training work may happen"
 
 
+@pytest.mark.slow
 def test_config_errors_keep_earlier_results(tmp_path):
     run_dir = tmp_path / "run"
     assert run_cli("repro.train", *tiny(), f"hydra.run.dir={run_dir}").returncode == 0
@@ -152,6 +154,7 @@ def test_keys_added_to_free_form_nodes_are_accepted():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["run", "sweep"])
+@pytest.mark.slow
 def test_an_output_folder_that_cannot_be_made_is_one_line(mode, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")

@@ -101,6 +101,7 @@ def assert_agree(got, expected):
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("fmt", [pytest.param("onnx", marks=NEEDS_ONNX), "torchscript"])
+@pytest.mark.slow
 def test_the_exported_model_gives_pytorchs_logits_on_64_real_images(runs, name, fmt, tmp_path):
     run_dir = runs(name)
     out = tmp_path / "exported" / f"model.{fmt}"

@@ -940,6 +940,7 @@ def fuzz(seed: int, base: dict[str, Any], tmp_path: Path, capfd, monkeypatch, fa
 
 
 @pytest.mark.parametrize("seed", [pytest.param(s, id=case_id(s)) for s in range(FAST_CASES)])
+@pytest.mark.slow
 def test_fuzz_fast(seed, base, tmp_path, capfd, monkeypatch):
     fuzz(seed, base, tmp_path, capfd, monkeypatch, fast=True)
 

@@ -81,6 +81,7 @@ def test_the_frozen_phase_leaves_the_backbone_and_its_batchnorm_statistics_uncha
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_kill_in_each_phase_resumes_to_the_uninterrupted_weights(pretrained, tmp_path):
     tree, file = pretrained
     expected = train_in_process(tmp_path / "straight", *overrides(tree, file))["weights_sha256"]
@@ -136,6 +137,7 @@ def test_fine_tuning_settings_out_of_range_are_refused_in_one_line(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("invariant", [False, True], ids=["ddp", "world_invariant"])
+@pytest.mark.slow
 def test_under_torchrun_the_backbone_stays_frozen_then_trains(pretrained, tmp_path, invariant):
     """DDP keeps every parameter registered (frozen gradients are zeros, then dropped); the
     world-invariant step on 2 processes gives the weights of 1."""

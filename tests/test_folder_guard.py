@@ -139,6 +139,7 @@ def one_error_line(done) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_rerunning_a_copied_run_with_links_out_changes_nothing_outside(halted, tmp_path):
     copy, outside = tmp_path / "copy", tmp_path / "outside"
     shutil.copytree(halted, copy, symlinks=True)

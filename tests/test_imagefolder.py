@@ -52,6 +52,7 @@ def test_an_unreadable_image_is_named(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_an_unreadable_image_in_a_worker_is_one_clean_line(tmp_path):
     root = make_image_tree(tmp_path / "images", 2)
     (root / "train" / "bar" / "broken.png").write_bytes(b"this is not a png")

@@ -152,6 +152,7 @@ REMOVABLE = {
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("component", sorted(REMOVABLE))
+@pytest.mark.slow
 def test_deleting_a_component_and_its_yaml_leaves_the_rest_working(component, tmp_path):
     copy = tmp_path / "project"
     for folder in ("src", "conf"):

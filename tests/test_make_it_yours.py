@@ -91,6 +91,7 @@ def rows(run_dir: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_an_objective_term_is_a_column_a_metric_and_a_report_row(project, tmp_path):
     run_dir = tmp_path / "penalty"
     monitor = ["trainer.monitor=val_logit_penalty", "trainer.monitor_mode=min"]
@@ -127,6 +128,7 @@ def test_an_objective_term_is_a_column_a_metric_and_a_report_row(project, tmp_pa
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_metric_is_a_column_and_can_pick_the_best_checkpoint(project, tmp_path):
     top5 = [f"objective._target_={NAME}.top5.WithTop5", "trainer.monitor=val_top5"]
     summary = trained(project, tmp_path / "top5", *RUN, *top5)
@@ -153,6 +155,7 @@ def test_an_objective_term_is_world_invariant(project, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_callback_with_state_writes_the_same_files_after_a_kill_and_resume(project, tmp_path):
     straight = trained(project, tmp_path / "straight", *RUN, CONFUSION)
     matrices = json.loads((tmp_path / "straight" / "confusion.json").read_text())
@@ -189,6 +192,7 @@ def arrays(tmp_path_factory) -> Path:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_numpy_dataset_trains_exactly_with_workers_and_after_a_kill(project, arrays, tmp_path):
     data = ["data=numpy_files", f"data.root={arrays}", "data.val_size=96"]
     args = [*RUN, *data]

@@ -201,6 +201,7 @@ TIMING = ("images_per_s", "data_wait_frac", "train_s")  # the only columns that 
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_one_and_two_processes_give_the_same_figures(tmp_path):
     done = run_cli("repro.train", *INVARIANT, f"hydra.run.dir={tmp_path / 'one'}")
     assert done.returncode == 0, done.stderr[-3000:]

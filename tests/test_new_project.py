@@ -202,6 +202,7 @@ def minimal(tmp_path_factory) -> Path:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_minimal_leaves_the_recipes_and_benchmarks_behind_and_its_tests_collect(minimal):
     assert (
         not (minimal / "benchmarks").exists() and not (minimal / "src" / NAME / "recipes").exists()

@@ -39,6 +39,7 @@ def test_a_search_keeps_its_study_in_a_folder_named_after_it():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_search_killed_after_three_trials_continues_to_six_in_one_study(tmp_path):
     sweep_dir = tmp_path / "sweep"
     command = [sys.executable, "-m", "repro.train", "-m", "hparams_search=lr_wd",
@@ -82,6 +83,7 @@ def test_a_search_killed_after_three_trials_continues_to_six_in_one_study(tmp_pa
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_pruner_stops_a_hopeless_trial_and_the_report_says_so(tmp_path, image_tree):
     # Two sane trials, then one with lr=0 (accuracy stays at chance) in the same study: the
     # median pruner stops it at its first evaluation. Objective: the best val_loss, minimised.

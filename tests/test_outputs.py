@@ -18,6 +18,7 @@ DEFAULT_COLUMNS = ("epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_run_folder_holds_every_output(tmp_path):
     run_dir = tmp_path / "run"
     done = run_cli(
@@ -70,6 +71,7 @@ def test_run_folder_holds_every_output(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_evaluate_test_split_and_bad_arguments(tmp_path):
     run_dir = tmp_path / "run"
     assert run_cli("repro.train", *tiny(), f"hydra.run.dir={run_dir}").returncode == 0

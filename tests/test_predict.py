@@ -41,6 +41,7 @@ def test_predictions_name_the_classes_and_agree_with_evaluate(trained):
     assert alone["probability"] == pytest.approx(among["probability"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_the_command_writes_its_csv_and_refuses_bad_arguments(trained, tmp_path):
     ckpt, images = trained
     out = tmp_path / "predictions.csv"

@@ -44,6 +44,7 @@ def pretrain_resnet18(file: Path, side: int = 16, steps: int = 25) -> None:
     torch.save(model.state_dict(), file)
 
 
+@pytest.mark.slow
 def test_timm_resnet18_from_a_local_file_gets_a_3_class_head_and_beats_random_weights(
     tmp_path, caplog
 ):
@@ -156,6 +157,7 @@ def test_a_missing_weights_file_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_an_unknown_timm_model_ends_in_one_line_and_exit_status_2(tmp_path):
     done = run_cli(
         "repro.train", "model=timm", "model.name=resnet_nonesuch", f"hydra.run.dir={tmp_path}"

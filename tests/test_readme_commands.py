@@ -77,6 +77,7 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_readme_commands_run_as_written(checkpoint, tmp_path):
     ran = 0
     for command in commands():

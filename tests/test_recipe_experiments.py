@@ -3,6 +3,7 @@ builds its model and optimizer and runs end to end on a little synthetic data.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from repro import build
@@ -34,6 +35,7 @@ def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer_and_runs(tmp_p
     assert summary["completed"] and summary["total_steps"] == 8 and 0 <= summary["test_acc"] <= 1
 
 
+@pytest.mark.slow
 def test_the_airbench_recipe_runs_end_to_end(tmp_path):
     cfg = compose_config("experiment=cifar10_airbench")
     assert (cfg.model._target_.endswith("WhitenedCNN"), cfg.augment.flip, cfg.trainer.tta) == (

@@ -72,6 +72,7 @@ LOOKAHEAD = (f"+components.lookahead._target_={TARGET}", "+components.lookahead.
 RUN = tiny("trainer.epochs=2", *LOOKAHEAD)
 
 
+@pytest.mark.slow
 def test_a_run_with_lookahead_trains_otherwise_and_resumes_exactly_between_two_pulls(tmp_path):
     straight = train_in_process(tmp_path / "straight", *RUN)
     plain = train_in_process(tmp_path / "plain", *tiny("trainer.epochs=2"))

@@ -79,6 +79,7 @@ def test_a_split_ordered_by_class_is_whitened_for_every_class():
     assert variances.min() > 0.7 and variances.max() < 1.4, variances
 
 
+@pytest.mark.slow
 def test_fixed_tensors_stay_put_and_the_run_is_exact_across_loaders_and_a_resume(tmp_path):
     run = tiny(*WHITENED, "trainer.epochs=2", "optimizer.lr_scale_biases_and_norms=8")
     straight = train_in_process(tmp_path / "straight", *run)

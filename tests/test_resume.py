@@ -40,6 +40,7 @@ def straight_hashes(tmp_path_factory):
         (2, "checkpoint:6"),  # while the epoch-end checkpoint is half written
     ],
 )
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_the_uninterrupted_weights(
     workers, fault, straight_hashes, tmp_path
 ):

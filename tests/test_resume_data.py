@@ -144,6 +144,7 @@ def straight_hash(square_tree, tmp_path_factory):
 @pytest.mark.parametrize(
     ("workers", "cache"), [(0, "none"), (2, "none"), (2, "memory")], ids=["w0", "w2", "w2-memory"]
 )
+@pytest.mark.slow
 def test_an_image_folder_run_killed_at_a_random_step_resumes_exactly(
     workers, cache, square_tree, straight_hash, tmp_path
 ):

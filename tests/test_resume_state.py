@@ -30,6 +30,7 @@ def fp16_on_cpu(monkeypatch):
     monkeypatch.setattr(precision, "_supports", lambda device, mode: True)
 
 
+@pytest.mark.slow
 def test_the_loss_scalers_state_survives_a_resume(fp16_on_cpu, tmp_path):
     fp16 = [*SMALL, "model=small_cnn", "model.widths=[8,16]", "amp=fp16"]
     straight = train_in_process(tmp_path / "straight", *fp16)

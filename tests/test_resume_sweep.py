@@ -53,6 +53,7 @@ def resume_in_process(*args: str) -> int:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_killed_sweep_is_finished_exactly_and_its_complete_jobs_are_untouched(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     command = ["-m", "trainer.epochs=1,2", "seed=0,1", "hydra/launcher=joblib",
@@ -97,6 +98,7 @@ def test_a_killed_sweep_is_finished_exactly_and_its_complete_jobs_are_untouched(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_checkpoint_once_a_changed_environment_is_forced(
     tmp_path, capsys
 ):

@@ -39,6 +39,7 @@ def finished(tmp_path_factory):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_rerunning_a_finished_run_changes_no_file(finished):
     run_dir, command = finished
     before = snapshot(run_dir)
@@ -62,6 +63,7 @@ def test_a_resume_under_another_seed_is_refused_naming_both(finished):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_shorter_config_is_refused(finished):
     _, command = finished
     done = run_cli("repro.train", *command, "trainer.max_steps=2")
@@ -70,6 +72,7 @@ def test_a_shorter_config_is_refused(finished):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_an_extension_keeps_the_first_record_and_adds_its_own(tmp_path):
     run_dir = tmp_path / "run"
     command = [*tiny(), f"hydra.run.dir={run_dir}"]
@@ -94,6 +97,7 @@ def test_an_extension_keeps_the_first_record_and_adds_its_own(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_refused_first_try_leaves_hydra_to_the_first_attempt_that_trains(tmp_path):
     run_dir = tmp_path / "run"
     assert (
@@ -107,6 +111,7 @@ def test_a_refused_first_try_leaves_hydra_to_the_first_attempt_that_trains(tmp_p
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_killed_attempt_is_marked_died_by_the_resume_which_is_recorded(tmp_path):
     run_dir = tmp_path / "run"
     command = [*tiny("trainer.checkpoint_every_steps=2"), f"hydra.run.dir={run_dir}"]

@@ -65,6 +65,7 @@ def straight_hash(tmp_path_factory):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_resumable(straight_hash, tmp_path):
     run_dir = tmp_path / "run"
     command = [*COMMAND, f"hydra.run.dir={run_dir}"]
@@ -154,6 +155,7 @@ def _can_mount_tmpfs(tmp_path) -> bool:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_real_tmpfs_that_fills_then_frees_up(straight_hash, tmp_path):
     if not _can_mount_tmpfs(tmp_path):
         pytest.skip("needs unshare and the right to mount a tmpfs in a mount namespace")

@@ -173,6 +173,7 @@ def trained(sweep_dir):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_real_difference_stops_before_the_budget_and_a_rerun_continues(tmp_path):
     # Three shapes: a network that learns (lr 0.05) against one that cannot (lr 0).
     root = make_image_tree(tmp_path / "data")
@@ -216,6 +217,7 @@ def test_a_real_difference_stops_before_the_budget_and_a_rerun_continues(tmp_pat
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_identical_configs_spend_the_budget_unresolved_and_a_larger_budget_goes_on(tmp_path):
     sweep_dir = tmp_path / "sweep"
     # logger.progress changes nothing trained: for each seed both configs give the same weights.
@@ -255,6 +257,7 @@ def test_identical_configs_spend_the_budget_unresolved_and_a_larger_budget_goes_
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_sweeper_refuses_what_is_not_two_configs_in_one_line(tmp_path):
     for arguments, message in (
         (["amp=off,bf16", "optimizer.lr=0.1,0.2"], "these arguments sweep 2 keys"),

@@ -26,6 +26,7 @@ def job_dirs(sweep_dir):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
     sweep_dir = tmp_path / "sweep"
     sweep_args = [
@@ -60,6 +61,7 @@ def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_failing_job_does_not_stop_the_others(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = run_cli(
@@ -136,6 +138,7 @@ def test_report_cli_rebuilds_a_partly_failed_sweep(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_submitit_local_sweep_of_two_jobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
     sweep_args = [
@@ -151,6 +154,7 @@ def test_submitit_local_sweep_of_two_jobs(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_optuna_search_runs_seeded_trials(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = run_cli(
@@ -165,6 +169,7 @@ def test_optuna_search_runs_seeded_trials(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     # The date alone would collide for certain; the run id is what keeps the folders apart.
     pattern = f"hydra.run.dir={tmp_path}/${{now:%Y-%m-%d}}-${{run_id:}}"

@@ -39,6 +39,7 @@ def wandb_records(path: Path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_sweeps_jobs_nest_under_one_mlflow_run_and_share_a_wandb_group(tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
     pytest.importorskip("wandb")

@@ -154,6 +154,7 @@ def test_shifted_views_add_one_pixel_translations_with_the_edge_reflected():
     assert torch.allclose(predict(model, images, "flip_translate"), expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_tta_changes_every_evaluation_and_never_the_weights(tmp_path):
     last = "trainer.test_weights=last"  # both test the same weights
     plain = train_in_process(tmp_path / "plain", *TWO_EPOCHS, last)

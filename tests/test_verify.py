@@ -23,6 +23,7 @@ def recorded(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_untouched_run_is_identical_on_the_command_line(recorded):
     done = run_cli("repro.verify", str(recorded))
     assert done.returncode == 0, done.stderr
@@ -82,6 +83,7 @@ def test_the_rerun_uses_the_recorded_thread_count_unless_told(tmp_path, monkeypa
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_bad_arguments(recorded, tmp_path):
     assert run_cli("repro.verify", str(tmp_path / "nope")).returncode == 2
     done = run_cli("repro.verify", str(recorded), "steps=999")

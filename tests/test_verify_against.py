@@ -93,6 +93,7 @@ def test_the_projects_ci_runs_it_and_a_first_commit_has_nothing_to_compare(proje
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_commit_that_only_renames_a_variable_is_identical(project):
     on_branch_from_start(project, "rename")
     commit_edit(project, "warmup_steps", "steps_of_warmup", "Rename a local variable")
@@ -105,6 +106,7 @@ def test_a_commit_that_only_renames_a_variable_is_identical(project):
 
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.slow
 def test_a_commit_that_changes_the_schedule_is_named_at_the_first_step_it_changes(project):
     on_branch_from_start(project, "schedule")
     cosine = "return 0.5 * (1.0 + math.cos(math.pi * progress))"

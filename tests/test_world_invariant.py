@@ -84,6 +84,7 @@ def test_four_processes_give_the_weights_of_one(one_process, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_two_processes_killed_then_resumed_on_one(one_process, tmp_path):
     run_dir = tmp_path / "run"
     killed = torchrun(*INVARIANT, f"hydra.run.dir={run_dir}", env={"REPRO_FAULT": "step:7"})
