@@ -134,6 +134,7 @@ def test_bad_suite_settings_are_named_before_anything_runs(bench, tmp_path, over
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_bad_setting_on_the_command_line_exits_2_without_a_traceback(tmp_path):
     done = run_cli("benchmarks", "suite=overhead", "suite.pairs=-1", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
@@ -302,6 +303,7 @@ def peers_tree(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+@pytest.mark.slow
 def test_peers_refuses_without_a_gpu_and_names_the_cpu_check(tmp_path):
     tree = peers_tree(tmp_path)
     done = run_cli("benchmarks", "suite=peers", "data=imagefolder", f"data.root={tree}",

@@ -251,6 +251,7 @@ def test_a_resume_keeps_the_best_its_checkpoint_records_and_drops_later_ones(tmp
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_best_pt_agrees_with_the_summary_when_a_resume_never_repeats_a_lost_evaluation(
     tmp_path,
 ):

@@ -114,6 +114,7 @@ def test_config_errors_keep_earlier_results(tmp_path):
     assert (run_dir / "checkpoints" / "last.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_at_its_first_non_finite_loss_keeping_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     overrides = "optimizer.lr=1e12", "trainer.checkpoint_every_steps=2"

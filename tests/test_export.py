@@ -128,6 +128,7 @@ def test_the_exported_model_gives_pytorchs_logits_on_64_real_images(runs, name, 
 
 
 @NEEDS_ONNX
+@pytest.mark.slow
 def test_weights_ema_exports_the_average(runs, tmp_path):
     run_dir = runs("small_cnn")
     out = tmp_path / "ema.onnx"
@@ -210,6 +211,7 @@ def readme_command() -> str:
 
 @NEEDS_ONNX
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_readme_command_exports_and_a_mistake_is_one_line(runs, tmp_path):
     run_dir = runs("small_cnn")
     words = shlex.split(readme_command())[2:]  # after `python -m`

@@ -167,6 +167,7 @@ def test_a_damaged_record_is_one_line(record, tmp_path, capsys):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_resume_runs_in_this_directory_and_never_imports_from_the_recorded_one(tmp_path):
     marker = tmp_path / "marker"
     planted = tmp_path / "planted"
@@ -349,6 +350,7 @@ def test_evaluate_fetches_no_weights_and_no_data_the_checkpoint_names(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_killed_trial_in_a_received_study_reruns_with_values_of_the_search_space_only(
     tmp_path,
 ):

@@ -153,6 +153,7 @@ def test_rerunning_a_copied_run_with_links_out_changes_nothing_outside(halted, t
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_multirun_into_a_sweep_whose_job_folder_links_out_changes_nothing(halted, tmp_path):
     sweep = tmp_path / "sweep"
     sweep.mkdir()

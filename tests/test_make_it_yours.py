@@ -141,6 +141,7 @@ def test_a_metric_is_a_column_and_can_pick_the_best_checkpoint(project, tmp_path
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_an_objective_term_is_world_invariant(project, tmp_path):
     one = trained(project, tmp_path / "one", *INVARIANT, *PENALTY)
     two = trained(project, tmp_path / "two", *INVARIANT, *PENALTY, nproc=2)

@@ -102,6 +102,7 @@ def read_rows(run_dir):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_val_f1_picks_best_pt_and_every_output_holds_the_metrics(tmp_path, capsys):
     mlflow = pytest.importorskip("mlflow")
     store, run_dir = f"file:{tmp_path / 'mlruns'}", tmp_path / "run"

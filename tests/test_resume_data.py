@@ -34,6 +34,8 @@ DATA_OPTIONS = {
     "imagefolder, dataloader=device": ([*FOLDER, "data.cache=memory", "dataloader=device"], 7),
 }
 
+FAST_OPTIONS = ("synthetic", "imagefolder")  # the others run in make test-all
+
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
@@ -56,7 +58,10 @@ def _overrides(option: str, tree, carved_tree) -> list[str]:
     return [*overrides, f"data.root={root}", *extra]
 
 
-@pytest.mark.parametrize("option", DATA_OPTIONS)
+@pytest.mark.parametrize(
+    "option",
+    [pytest.param(o, marks=[] if o in FAST_OPTIONS else [pytest.mark.slow]) for o in DATA_OPTIONS],
+)
 def test_a_halted_run_resumes_to_the_straight_weights(option, tree, carved_tree, tmp_path):
     overrides = _overrides(option, tree, carved_tree)
     straight = train_in_process(tmp_path / "straight", *overrides)

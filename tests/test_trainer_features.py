@@ -25,6 +25,7 @@ def rows(run_dir) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_best_pt_holds_the_best_evaluation_and_the_test_split_is_evaluated(tmp_path):
     summary = train_in_process(tmp_path, *TWO_EPOCHS)
     evaluations = rows(tmp_path)

@@ -152,6 +152,7 @@ def test_only_what_builds_a_model_optimizer_schedule_or_transform_is_trusted_by_
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_the_entry_points_refuse_in_one_line(trained, tmp_path):
     marker = tmp_path / "created-by-the-config"
     ckpt = _crafted_checkpoint(trained, tmp_path, "model", "pathlib.Path.touch", marker)
