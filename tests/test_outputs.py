@@ -116,3 +116,29 @@ def test_the_fingerprint_log_keeps_every_bit_of_each_loss_and_truncates_by_step(
     ]  # fmt: skip
     log.truncate_after(2)
     assert log.read() == rows[:2]
+
+
+# ---- the unit: metrics.csv across resumes with other callbacks (fast, in-process) ----------
+
+
+def _row(step: int, **extra: float) -> dict[str, float]:
+    base = {"epoch": 1, "step": step, "train_loss": 1.0, "val_loss": 1.0, "val_acc": 0.5,
+            "lr": 0.1, "images_per_s": 10.0, "data_wait_frac": 0.0, "train_s": 1.0}  # fmt: skip
+    return {**base, **extra}
+
+
+def test_a_callback_added_on_resume_adds_its_column_and_one_dropped_leaves_blanks(tmp_path):
+    from repro.watch.loggers import MetricsLog
+
+    MetricsLog(tmp_path, tensorboard=False).row(_row(2))
+    resumed = MetricsLog(tmp_path, tensorboard=False)  # a resume with a grad-norm callback
+    resumed.row(_row(4, grad_norm=0.25))
+    MetricsLog(tmp_path, tensorboard=False).row(_row(6))  # and one without it again
+    with (tmp_path / "metrics.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["step"] for r in rows] == ["2", "4", "6"]
+    assert [r["grad_norm"] for r in rows] == ["", "0.25", ""]
+    assert list(rows[0])[-1] == "grad_norm"  # after the file's own columns
+    MetricsLog(tmp_path, tensorboard=False).truncate_after(4)
+    with (tmp_path / "metrics.csv").open(newline="") as handle:
+        assert [r["step"] for r in csv.DictReader(handle)] == ["2", "4"]

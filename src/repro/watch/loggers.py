@@ -35,27 +35,42 @@ class MetricsLog:
 
             self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, drop rows written after the checkpoint we resume from (the file keeps
-        its own columns)."""
-        if not self.path.exists():
-            return
+    def _widen(self, added: list[str]) -> None:
+        """metrics.csv with `added` columns after its own; earlier rows leave them blank."""
+        columns, rows = self._read()
+        self.columns = [*columns, *added]
+        self._rewrite(self.columns, rows)
+
+    def _read(self) -> tuple[list[str], list[dict[str, str]]]:
         reader = csv.DictReader(io.StringIO(complete_lines(self.path.read_text()), newline=""))
-        rows = [row for row in reader if int(row["step"]) <= step]
-        if not reader.fieldnames:  # a file torn before its header was whole
-            self.path.unlink()
-            return
-        columns = reader.fieldnames
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
+
+    def _rewrite(self, columns: list[str], rows: list[dict[str, str]]) -> None:
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, columns)
         writer.writeheader()
         writer.writerows(rows)
         write_text_atomic(self.path, text.getvalue())
 
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop rows written after the checkpoint we resume from (the file keeps
+        its own columns)."""
+        if not self.path.exists():
+            return
+        columns, rows = self._read()
+        if not columns:  # a file torn before its header was whole
+            self.path.unlink()
+            return
+        self._rewrite(columns, [row for row in rows if int(row["step"]) <= step])
+
     def row(self, values: dict[str, float]) -> None:
         new = not self.path.exists()
         if self.columns is None:
             self.columns = list(values) if new else self._header()
+        added = [key for key in values if key not in self.columns]
+        if added and not new:  # a callback added on resume: its columns join, earlier rows blank
+            self._widen(added)
         with writing(self.path), self.path.open("a", newline="") as handle:
             writer = csv.DictWriter(handle, self.columns)
             if new:
@@ -63,7 +78,8 @@ class MetricsLog:
             writer.writerow(values)  # a key the header lacks is an error, not a lost value
         if self.writer is not None:
             for key in self.columns[2:]:
-                self.writer.add_scalar(key, values[key], values["step"])
+                if key in values:  # a callback dropped on resume leaves its column blank
+                    self.writer.add_scalar(key, values[key], values["step"])
             self.writer.flush()
         for tracker in self.trackers:
             tracker.metrics(values, values["step"])
