@@ -28,7 +28,7 @@ NAME = PACKAGE.name
 # export, resume and verify are tools with their own entry points. The core imports none of them
 # (the first test below), so its size counts only the machinery.
 AREAS = ("recipes", "components", "models", "search", "export", "resume", "verify")
-CORE_LINES = 6200  # 6000 until issue 40 added the guards of files from others (guards/, trust)
+CORE_LINES = 6225  # 6000 until issue 40 added the guards; 6200 until metrics.csv learnt new columns
 FOLDER_MODULES = 12
 
 

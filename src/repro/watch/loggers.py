@@ -35,16 +35,9 @@ class MetricsLog:
 
             self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
 
-    def _widen(self, added: list[str]) -> None:
-        """metrics.csv with `added` columns after its own; earlier rows leave them blank."""
-        columns, rows = self._read()
-        self.columns = [*columns, *added]
-        self._rewrite(self.columns, rows)
-
     def _read(self) -> tuple[list[str], list[dict[str, str]]]:
         reader = csv.DictReader(io.StringIO(complete_lines(self.path.read_text()), newline=""))
-        rows = list(reader)
-        return list(reader.fieldnames or []), rows
+        return list(reader.fieldnames or []), list(reader)  # the header is read first
 
     def _rewrite(self, columns: list[str], rows: list[dict[str, str]]) -> None:
         text = io.StringIO(newline="")
@@ -70,7 +63,9 @@ class MetricsLog:
             self.columns = list(values) if new else self._header()
         added = [key for key in values if key not in self.columns]
         if added and not new:  # a callback added on resume: its columns join, earlier rows blank
-            self._widen(added)
+            columns, rows = self._read()
+            self.columns = [*columns, *added]
+            self._rewrite(self.columns, rows)
         with writing(self.path), self.path.open("a", newline="") as handle:
             writer = csv.DictWriter(handle, self.columns)
             if new:
