@@ -166,3 +166,20 @@ def test_an_unknown_timm_model_ends_in_one_line_and_exit_status_2(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert lines[-1].startswith("error: model.name='resnet_nonesuch' is not allowed: a timm model")
     assert "Traceback" not in done.stderr
+
+
+# ---- the unit: a model's image size against the data's (fast, in-process) ------------------
+
+
+def test_a_model_that_wants_larger_images_than_the_data_gets_them_resized():
+    from repro.runtime.seeding import SampleKeys
+
+    cfg = compose_config()  # the synthetic 32-px images, data.resize null
+    norm = {**build.normalisation(cfg), "image_size": 48}  # e.g. a pretrained model's own size
+    train, evaluation = build.pipelines(cfg, norm=norm)
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    assert train(image, SampleKeys(1, 0, 3)).shape == (3, 48, 48)  # not a crop past the edge
+    assert evaluation(image, None).shape == (3, 48, 48)
+    smaller = {**norm, "image_size": 24}  # resized too: training and evaluation see one size
+    train, evaluation = build.pipelines(cfg, norm=smaller)
+    assert train(image, SampleKeys(1, 0, 3)).shape == (3, 24, 24) == evaluation(image, None).shape

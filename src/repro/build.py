@@ -161,8 +161,8 @@ def pipelines(
     if resized and (size != data.image_size or norm["interpolation"] != "bilinear"):
         allowed = "none: the model's image size or interpolation is not data's (the cache's)"
         raise ConfigError("data.cache", "memory", allowed)
-    if size != data.image_size:
-        resize = None if resize is None else round(resize * size / data.image_size)
+    if size != data.image_size:  # the model's own size: data's images are resized to it
+        resize = size if resize is None else round(resize * size / data.image_size)
     if resize is None and any_size:
         resize = size
     augment = cfg.get("augment")  # absent from the configs of older checkpoints
