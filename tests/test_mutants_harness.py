@@ -1,5 +1,7 @@
-"""The mutation harness itself, read without running a mutant: scripts/mutants.py's
-hand-written bugs must name code that is there, once, and tests that exist."""
+"""The mutation harnesses themselves, read without running a mutant: scripts/mutants.py's
+hand-written bugs must name code that is there, once, and tests that exist; scripts/mutation.py's
+table must name every module of its targets and test files that exist, and its score must
+leave out only the equivalents that still change what was reviewed."""
 
 from __future__ import annotations
 
@@ -64,3 +66,89 @@ def test_a_parametrized_case_is_checked_by_its_function():
     assert mutants.defined_tests(ROOT / "tests" / test.split("::")[0]) >= {
         test.split("::")[1].split("[")[0]
     }
+
+
+# scripts/mutation.py: mutmut over the engine's modules, each against the fast tests its table
+# names.
+mutation = _script("mutation")
+
+
+def test_the_table_maps_every_module_of_its_targets_to_test_files_that_exist():
+    table = mutation.read_table()
+    assert mutation.table_problems(table, mutation.read_equivalents()) == []
+    assert f"{mutation.PACKAGE}/runs/integrity.py" in table.tests
+    assert any(module.startswith("hydra_plugins/") for module in table.tests)
+
+
+def test_a_module_left_out_a_stray_entry_and_a_missing_test_file_are_named(tmp_path):
+    for name in ("a.py", "b.py", "sub/c.py"):
+        (tmp_path / "src" / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / "pkg" / name).write_text("def f():\n    return 1\n")
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text('"""Nothing to mutate."""\n')
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("")
+    table = mutation.Table(
+        ("pkg/",), {"pkg/a.py": ("test_a.py",), "pkg/sub/c.py": ("test_gone.py",), "pkg/d.py": ()}
+    )
+    loose = mutation.Equivalent("other.x_f__mutmut_1", "- a\n+ b", "a reason")
+    assert mutation.table_problems(table, [loose], root=tmp_path) == [
+        "pkg/b.py: a module of the targets with no tests in the table",
+        "pkg/sub/c.py: no test file tests/test_gone.py",
+        "pkg/d.py: in the table but no module with functions under the targets",
+        "pkg/d.py: no test files",
+        "equivalent other.x_f__mutmut_1: of no module in the table",
+    ]
+
+
+def test_arguments_name_a_module_or_a_folder_under_the_package_or_src():
+    table = mutation.read_table()
+    package = mutation.PACKAGE
+    assert mutation.choose(table, ["runs/integrity.py"]) == [f"{package}/runs/integrity.py"]
+    assert mutation.choose(table, [f"src/{package}/runs/integrity.py"]) == [
+        f"{package}/runs/integrity.py"
+    ]
+    sweeps = mutation.choose(table, ["sweeps/"])
+    assert sweeps and all(module.startswith(f"{package}/sweeps/") for module in sweeps)
+    assert mutation.choose(table, ["hydra_plugins"]) == [
+        module for module in table.tests if module.startswith("hydra_plugins/")
+    ]
+    assert mutation.choose(table, []) == list(table.tests)
+    with pytest.raises(SystemExit, match=r"runs/nothing\.py: no module"):
+        mutation.choose(table, ["runs/nothing.py"])
+
+
+DIFF = """--- src/repro/m.py
++++ src/repro/m.py
+@@ -1,3 +1,3 @@
+ def f(x):
+-    return x + 1
++    return x - 1
+"""
+
+
+def test_an_equivalent_leaves_the_score_only_while_it_changes_the_same_lines():
+    assert mutation.changed_lines(DIFF) == "- return x + 1\n+ return x - 1"
+    stale = DIFF.replace("x - 1", "x * 1")
+    result = {"mutants": {
+        "repro.m.x_f__mutmut_1": {"status": "killed", "diff": ""},
+        "repro.m.x_f__mutmut_2": {"status": "survived", "diff": DIFF},
+        "repro.m.x_f__mutmut_3": {"status": "survived", "diff": stale},
+        "repro.m.x_f__mutmut_10": {"status": "no tests", "diff": DIFF},
+        "repro.m.x_f__mutmut_4": {"status": "timeout", "diff": ""},
+    }}  # fmt: skip
+    changes = "- return x + 1\n+ return x - 1"
+    listed = {
+        name: mutation.Equivalent(name, changes, "reviewed")
+        for name in ("repro.m.x_f__mutmut_1", "repro.m.x_f__mutmut_2", "repro.m.x_f__mutmut_3")
+    }
+    notes: list[str] = []
+    counted = mutation.tally(result, listed, notes)
+    assert (counted.total, counted.killed, counted.equivalent) == (5, 2, 1)
+    assert [name for name, _, _ in counted.survivors] == [
+        "repro.m.x_f__mutmut_3", "repro.m.x_f__mutmut_10"
+    ]  # fmt: skip
+    assert counted.score() == "2/4 = 50.0%"
+    assert notes == [
+        "repro.m.x_f__mutmut_1: listed as equivalent but a test kills it: drop the entry",
+        "repro.m.x_f__mutmut_3: listed as equivalent, but it now changes other lines",
+    ]
