@@ -6,11 +6,13 @@ None) is run against that module's fast tests, and a change no test notices is r
     make mutants ARGS="runs/integrity.py"         # one module (paths under src/repro/)
     make mutants ARGS="sweeps/ runs/trust.py"     # a folder's modules, and another
     make mutants ARGS="--list"                    # the modules and the tests that guard each
+    make mutants ARGS="--last runs/trust.py"      # its last run reported again, nothing run
 
 scripts/mutation.toml maps each module to its fast tests (in-process: no `slow`, no `e2e`),
 so that a mutant takes seconds; scripts/mutation_equivalents.toml lists the mutants reviewed
 as equivalent (no test could tell them from the code), each with its reason, and they leave
-the score: killed / (mutants - equivalent). A timeout counts as killed.
+the score: killed / (mutants - equivalent). A timeout counts as killed. After a review,
+`--last` reports the last run again with the equivalents as they are now.
 
 mutmut works in mutants/ (git-ignored; `make clean` removes it): a copy of src/ in which each
 function dispatches to its mutants, and tests/ beside it. Each module runs in a process of its
@@ -28,6 +30,7 @@ import ast
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -258,11 +261,54 @@ def show(module: str, counted: Tally, seconds: float) -> None:
             print(f"      {line}")
 
 
+PROGRESS_EVERY = 60  # seconds between two lines saying how far a module's run has got
+PROGRESS = re.compile(r"(\d+)/(\d+)\s+\S+ (\d+) ")  # mutmut's "done/total  🎉 killed ..."
+
+
+def _finished(child: subprocess.Popen, seconds: float) -> bool:
+    try:
+        child.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def progress(log: Path) -> str:
+    """How far mutmut has got, from the last progress line of its log."""
+    found = PROGRESS.findall(log.read_text(errors="replace")[-2000:])
+    if not found:
+        return "generating mutants, then running the tests unmutated"
+    done, total, killed = found[-1]
+    return f"{done}/{total} mutants run, {killed} killed"
+
+
+def run_child(module: str, workers: int, result_file: Path) -> None:
+    """One module's mutmut run, in a process of its own, its output in mutants/logs/."""
+    log = WORK / "logs" / f"{dotted(module)}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    result_file.unlink(missing_ok=True)
+    began = time.perf_counter()
+    with log.open("w") as out:
+        command = [sys.executable, __file__, "--one", module, "--workers", str(workers)]
+        child = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        while not _finished(child, PROGRESS_EVERY):
+            print(f"  {module}: {progress(log)}", flush=True)
+    if result_file.is_file():
+        result = json.loads(result_file.read_text())
+        result["seconds"] = time.perf_counter() - began
+        result_file.write_text(json.dumps(result, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help="modules or folders, under src/repro/")
     parser.add_argument("--list", action="store_true", help="list the modules and their tests")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--last",
+        action="store_true",
+        help="report the last run again (after a review), run nothing",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one module
     args = parser.parse_args(argv)
     table, equivalents = read_table(), read_equivalents()
@@ -282,23 +328,17 @@ def main(argv: list[str] | None = None) -> None:
     by_name = {entry.mutant: entry for entry in equivalents}
     total, notes, failed, started = Tally(), [], [], time.perf_counter()
     for module in chosen:
-        log = WORK / "logs" / f"{dotted(module)}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         result_file = WORK / "results" / f"{dotted(module)}.json"
-        result_file.unlink(missing_ok=True)
-        began = time.perf_counter()
-        with log.open("w") as out:
-            command = [sys.executable, __file__, "--one", module, "--workers", str(args.workers)]
-            subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False)
-        seconds = time.perf_counter() - began
+        if not args.last:
+            run_child(module, args.workers, result_file)
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
         if "mutants" not in result:
-            said = result.get("error", "mutmut ended without a result")
+            said = result.get("error", "no result: mutmut ended without one, or never ran here")
             failed.append(module)
-            print(f"{module}: {said}: {log.relative_to(ROOT)}", flush=True)
+            print(f"{module}: {said}: mutants/logs/{dotted(module)}.log", flush=True)
             continue
         counted = tally(result, by_name, notes)
-        show(module, counted, seconds)
+        show(module, counted, result.get("seconds", 0.0))
         total.total += counted.total
         total.killed += counted.killed
         total.equivalent += counted.equivalent

@@ -152,3 +152,11 @@ def test_an_equivalent_leaves_the_score_only_while_it_changes_the_same_lines():
         "repro.m.x_f__mutmut_1: listed as equivalent but a test kills it: drop the entry",
         "repro.m.x_f__mutmut_3: listed as equivalent, but it now changes other lines",
     ]
+
+
+def test_progress_is_read_from_mutmuts_last_status_line(tmp_path):
+    log = tmp_path / "m.log"
+    log.write_text("⠋ Generating mutants")
+    assert mutation.progress(log) == "generating mutants, then running the tests unmutated"
+    log.write_text("⠋ 3/34  🎉 2 🫥 0  ⏰ 0  🙁 1\r⠙ 12/34  🎉 10 🫥 0  ⏰ 0  🙁 2\r")
+    assert mutation.progress(log) == "12/34 mutants run, 10 killed"
