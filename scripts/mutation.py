@@ -255,10 +255,18 @@ def show(module: str, counted: Tally, seconds: float) -> None:
         f"score {counted.score()}; {seconds:.0f} s",
         flush=True,
     )
+    unreached: dict[str, int] = {}  # function -> its mutants that no test reaches
     for name, status, diff in counted.survivors:
+        if status == "no tests":
+            function = name.rpartition(".")[2].rpartition("__mutmut_")[0]
+            unreached[function] = unreached.get(function, 0) + 1
+            continue
         print(f"  {status.upper()} {name}")
         for line in changed_lines(diff).splitlines():
             print(f"      {line}")
+    if unreached:
+        listed = ", ".join(f"{function} ({count})" for function, count in unreached.items())
+        print(f"  NO TEST reaches these functions (their mutants): {listed}")
 
 
 PROGRESS_EVERY = 60  # seconds between two lines saying how far a module's run has got

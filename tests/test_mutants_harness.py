@@ -126,7 +126,7 @@ DIFF = """--- src/repro/m.py
 """
 
 
-def test_an_equivalent_leaves_the_score_only_while_it_changes_the_same_lines():
+def test_an_equivalent_leaves_the_score_only_while_it_changes_the_same_lines(capsys):
     assert mutation.changed_lines(DIFF) == "- return x + 1\n+ return x - 1"
     stale = DIFF.replace("x - 1", "x * 1")
     result = {"mutants": {
@@ -151,6 +151,14 @@ def test_an_equivalent_leaves_the_score_only_while_it_changes_the_same_lines():
     assert notes == [
         "repro.m.x_f__mutmut_1: listed as equivalent but a test kills it: drop the entry",
         "repro.m.x_f__mutmut_3: listed as equivalent, but it now changes other lines",
+    ]
+    mutation.show("repro/m.py", counted, 3.0)
+    assert capsys.readouterr().out.splitlines() == [
+        "repro/m.py: 5 mutants, 2 killed, 2 survived, 1 equivalent; score 2/4 = 50.0%; 3 s",
+        "  SURVIVED repro.m.x_f__mutmut_3",
+        "      - return x + 1",
+        "      + return x * 1",
+        "  NO TEST reaches these functions (their mutants): x_f (1)",
     ]
 
 
