@@ -4,7 +4,7 @@ UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 RUN := $(UV) run --locked --extra dev --extra launchers --extra trackers --extra export
 ARGS ?=
 
-.PHONY: help setup train test test-all verify-previous mutants lint format sweep train-ddp bench clean
+.PHONY: help setup train test test-all verify-previous mutants mutants-known lint format sweep train-ddp bench clean
 
 help:
 	@echo "make train   - train the default model on the built-in synthetic data (ARGS='key=value ...')"
@@ -14,7 +14,8 @@ help:
 	@echo "make bench   - speed or exactness on this machine: ARGS='suite=knobs|overhead|startup|exactness [overrides]'"
 	@echo "make verify-previous - train a short config here and at the previous commit: identical?"
 	@echo "make lint    - ruff lint and format check"
-	@echo "make mutants - apply one known bug at a time and check that the tests catch each"
+	@echo "make mutants - mutmut over the engine's modules and their fast tests (ARGS='runs/integrity.py')"
+	@echo "make mutants-known - apply one known bug at a time and check that the slow tests catch each"
 
 setup: .venv/.synced
 
@@ -50,8 +51,15 @@ verify-previous: setup
 		echo "verify-previous: results changed, as the commit message says"; status=0; fi; \
 	exit $$status
 
-# Not part of `make test`: minutes, for whoever changes a promise or the tests that guard it.
+# Neither is part of `make test`: minutes, for whoever changes a module, a promise or the
+# tests that guard them (README, Development). `mutants`: mutmut over the modules of
+# scripts/mutation.toml, each against its fast tests; ARGS names some (ARGS="runs/integrity.py
+# sweeps/"). `mutants-known`: the hand-written bugs of scripts/mutants.py against end-to-end
+# tests (ARGS="--list").
 mutants: setup
+	$(RUN) python scripts/mutation.py $(ARGS)
+
+mutants-known: setup
 	$(RUN) python scripts/mutants.py $(ARGS)
 
 lint: setup
@@ -69,4 +77,4 @@ train-ddp: setup
 	$(RUN) torchrun --nproc_per_node=2 -m repro.train $(ARGS)
 
 clean:
-	rm -rf outputs/runs outputs/sweeps .pytest_cache .ruff_cache
+	rm -rf outputs/runs outputs/sweeps .pytest_cache .ruff_cache mutants

@@ -1,19 +1,26 @@
 """Every promise guarded by a test: apply one small, plausible bug at a time, run the tests meant
 to catch it, and report whether they did.
 
-    make mutants                    # all of them (about 10 minutes on a 2-core CPU)
-    make mutants ARGS="--only resume-rng,atomic-text"
-    make mutants ARGS="--list"
+    make mutants-known                    # all of them (about 10 minutes on a 2-core CPU)
+    make mutants-known ARGS="--only resume-rng,atomic-text"
+    make mutants-known ARGS="--list"
 
 Each mutant replaces one exact piece of code (it must occur once) in a scratch copy of the
-repository, never in this one, so an interrupted run leaves nothing behind. The tests first run
+repository, never in this one, so an interrupted run leaves nothing behind. Before anything
+runs, every chosen mutant's code must occur once in its file and every test it names must
+exist (a renamed test is an error naming it, not a "failing" baseline). The tests then run
 unmutated: a mutant only counts as killed when the same tests passed without it. The exit code
 is 1 when any mutant survives.
+
+These are end-to-end promises (a killed run resumes exactly, a write is atomic and durable),
+guarded by slow tests that run the entry points; `make mutants` (scripts/mutation.py, mutmut)
+mutates the engine's modules line by line against their fast tests instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -51,9 +58,9 @@ MUTANTS = [
     Mutant("resume-scheduler", "a resume restores the learning-rate schedule",
            "engine/loop.py", 'self.scheduler.load_state_dict(state["scheduler"])', "pass",
            ("test_resume_data.py::test_a_halted_run_resumes_to_the_straight_weights",)),
-    Mutant("resume-ema", "a resume restores the weight average",
-           "callbacks.py", "            part.load_state_dict(state[name])", "            pass",
-           ("test_trainer_features.py::test_ema_and_accumulation_resume_exactly_after_a_kill",)),
+    Mutant("resume-ema", "a resume restores the weight average (every component's state)",
+           "callbacks.py", "                component.load_state_dict(found)", "                pass",
+           ("test_component_ema.py::test_ema_and_accumulation_resume_exactly_after_a_kill[0]",)),
     Mutant("resume-logs", "a resume cuts the logs back to its checkpoint",
            "train.py", "resume.truncate_logs(run_dir, trainer.state.position.step)", "pass",
            ("test_storage_faults.py::test_a_resume_drops_a_torn_fingerprint_line_and_stays_exact",)),
@@ -102,7 +109,7 @@ MUTANTS = [
            "runs/checkpoint.py", 'if state.get("version", VERSION) >= 4 and not integrity.intact(state):',
            "if False:", ("test_integrity.py",)),
     Mutant("trust", "a stored config builds only trusted targets",
-           "restore.py", "    trust_check(stored, ckpt, trust)\n", "",
+           "runs/trust.py", "    check(stored, source, trust)\n", "",
            ("test_trust.py::test_evaluate_predict_and_verify_refuse_a_harmful_target_and_create_nothing",)),
     # Record honesty.
     Mutant("record-failure", "a failed attempt is recorded as failed",
@@ -149,6 +156,48 @@ MUTANTS = [
 ]  # fmt: skip
 
 
+def defined_tests(path: Path) -> set[str]:
+    """The test functions a file defines, as pytest names them: `name` or `Class::name`."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            found |= {
+                f"{node.name}::{item.name}"
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+    return found
+
+
+def problems(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
+    """What keeps these mutants from running, read from the files alone (no import, no
+    pytest): code not found once in its file, a test file or function that does not exist.
+    A parametrized case (`test_x[a-b]`) is checked by its function here and by pytest's
+    collection in `main`."""
+    found = []
+    defined: dict[str, set[str] | None] = {}
+    for mutant in mutants:
+        path = root / "src" / PACKAGE / mutant.file
+        if not path.is_file():
+            found.append(f"mutant {mutant.name}: no file src/{PACKAGE}/{mutant.file}")
+        elif (count := path.read_text().count(mutant.old)) != 1:
+            found.append(
+                f"mutant {mutant.name}: its code is {count} times in {mutant.file}, not once"
+            )
+        for test in mutant.tests:
+            file, _, function = test.partition("::")
+            if file not in defined:
+                test_file = root / "tests" / file
+                defined[file] = defined_tests(test_file) if test_file.is_file() else None
+            if defined[file] is None:
+                found.append(f"mutant {mutant.name}: no test file tests/{file}")
+            elif function and function.split("[")[0] not in defined[file]:
+                found.append(f"mutant {mutant.name}: no test tests/{test}")
+    return found
+
+
 def scratch_copy(into: Path) -> Path:
     """The tracked and new files of this checkout (no .venv, outputs or caches)."""
     listed = subprocess.run(
@@ -163,20 +212,40 @@ def scratch_copy(into: Path) -> Path:
     return into
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> bool:
-    """Whether `tests` pass in the scratch copy (its src/ first on the path)."""
+def pytest_command(copy: Path, *arguments: str) -> tuple[list[str], dict[str, str]]:
+    """pytest in the scratch copy, its src/ first on the path."""
     env = {**os.environ, "PYTHONPATH": str(copy / "src"), "PYTHONHASHSEED": "0"}
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-               *(f"tests/{test}" for test in tests)]  # fmt: skip
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *arguments], env
+
+
+def not_collected(copy: Path, tests: tuple[str, ...]) -> list[str]:
+    """The tests pytest cannot find (a parametrized case whose id changed), run nothing."""
+    command, env = pytest_command(copy, "-q", "--collect-only", *(f"tests/{t}" for t in tests))
+    done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True)
+    if done.returncode == 0:
+        return []
+    missing = [
+        line.split("tests/", 1)[-1]
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.startswith("ERROR: not found:")
+    ]
+    return missing or [
+        f"pytest could not collect them:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    ]
+
+
+def run_tests(copy: Path, tests: tuple[str, ...]) -> bool:
+    """Whether `tests` pass in the scratch copy."""
+    command, env = pytest_command(copy, "-q", "-x", *(f"tests/{test}" for test in tests))
     done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True)
     return done.returncode == 0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated mutant names")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     chosen = MUTANTS
     if args.only:
         names = set(args.only.split(","))
@@ -188,17 +257,21 @@ def main() -> None:
         for mutant in chosen:
             print(f"{mutant.name:22} {mutant.promise}  [{mutant.file}]")
         return
+    found = problems(chosen)
+    if found:
+        sys.exit("error: " + "\nerror: ".join(found))
     survived = []
     with tempfile.TemporaryDirectory(prefix="mutants-") as folder:
         copy = scratch_copy(Path(folder))
         tests = tuple(dict.fromkeys(test for m in chosen for test in m.tests))
+        missing = not_collected(copy, tests)
+        if missing:
+            sys.exit("error: no such test: " + "\nerror: no such test: ".join(missing))
         if not run_tests(copy, tests):
             sys.exit("error: the chosen tests fail without any mutant; fix them first")
         for mutant in chosen:
             path = copy / "src" / PACKAGE / mutant.file
             original = path.read_text()
-            if original.count(mutant.old) != 1:
-                sys.exit(f"error: mutant {mutant.name}: its code is not in {mutant.file} once")
             path.write_text(original.replace(mutant.old, mutant.new))
             started = time.perf_counter()
             killed = not run_tests(copy, mutant.tests)

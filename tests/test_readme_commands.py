@@ -23,7 +23,8 @@ NOT_RUN = {
     "test": "the suite itself: CI runs it",
     "test-all": "the suite with its slow tests",
     "format": "rewrites the files",
-    "mutants": "minutes; it runs the suite once per mutant",
+    "mutants": "hours; mutmut runs a module's tests once per mutant",
+    "mutants-known": "minutes; it runs the slow tests once per mutant",
 }
 
 

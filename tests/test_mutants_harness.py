@@ -1,0 +1,170 @@
+"""The mutation harnesses themselves, read without running a mutant: scripts/mutants.py's
+hand-written bugs must name code that is there, once, and tests that exist; scripts/mutation.py's
+table must name every module of its targets and test files that exist, and its score must
+leave out only the equivalents that still change what was reviewed."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+mutants = _script("mutants")
+
+
+def test_every_hand_written_mutant_names_code_found_once_and_tests_that_exist():
+    assert mutants.problems(mutants.MUTANTS) == []
+
+
+def test_a_test_that_does_not_exist_is_an_error_naming_it_before_anything_runs(monkeypatch):
+    first = mutants.MUTANTS[0]
+    gone = mutants.Mutant(
+        "gone", "a renamed test", first.file, first.old, first.new,
+        (first.tests[0], "test_resume_state.py::test_that_was_renamed", "test_no_such_file.py"),
+    )  # fmt: skip
+    moved = mutants.Mutant("moved", "moved code", "no/such/module.py", "x", "y", first.tests)
+    found = mutants.problems([gone, moved])
+    assert found == [
+        "mutant gone: no test tests/test_resume_state.py::test_that_was_renamed",
+        "mutant gone: no test file tests/test_no_such_file.py",
+        "mutant moved: no file src/repro/no/such/module.py",
+    ]
+
+    def refused(*args, **kwargs):
+        raise AssertionError("nothing may run before the mutants are checked")
+
+    monkeypatch.setattr(mutants, "MUTANTS", [gone])
+    monkeypatch.setattr(mutants, "scratch_copy", refused)
+    monkeypatch.setattr(subprocess, "run", refused)
+    with pytest.raises(SystemExit, match=r"test_resume_state\.py::test_that_was_renamed"):
+        mutants.main([])
+
+
+def test_code_found_twice_is_an_error_too():
+    first = mutants.MUTANTS[0]
+    twice = mutants.Mutant("twice", "ambiguous", first.file, "self", "that", first.tests)
+    [said] = mutants.problems([twice])
+    assert said.startswith("mutant twice: its code is ") and "times in engine/loop.py" in said
+
+
+def test_a_parametrized_case_is_checked_by_its_function():
+    [test] = mutants.MUTANTS[-2].tests
+    assert "[" in test  # export-normalisation names one case
+    assert mutants.defined_tests(ROOT / "tests" / test.split("::")[0]) >= {
+        test.split("::")[1].split("[")[0]
+    }
+
+
+# scripts/mutation.py: mutmut over the engine's modules, each against the fast tests its table
+# names.
+mutation = _script("mutation")
+
+
+def test_the_table_maps_every_module_of_its_targets_to_test_files_that_exist():
+    table = mutation.read_table()
+    assert mutation.table_problems(table, mutation.read_equivalents()) == []
+    assert f"{mutation.PACKAGE}/runs/integrity.py" in table.tests
+    assert any(module.startswith("hydra_plugins/") for module in table.tests)
+
+
+def test_a_module_left_out_a_stray_entry_and_a_missing_test_file_are_named(tmp_path):
+    for name in ("a.py", "b.py", "sub/c.py"):
+        (tmp_path / "src" / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / "pkg" / name).write_text("def f():\n    return 1\n")
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text('"""Nothing to mutate."""\n')
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("")
+    table = mutation.Table(
+        ("pkg/",), {"pkg/a.py": ("test_a.py",), "pkg/sub/c.py": ("test_gone.py",), "pkg/d.py": ()}
+    )
+    loose = mutation.Equivalent("other.x_f__mutmut_1", "- a\n+ b", "a reason")
+    assert mutation.table_problems(table, [loose], root=tmp_path) == [
+        "pkg/b.py: a module of the targets with no tests in the table",
+        "pkg/sub/c.py: no test file tests/test_gone.py",
+        "pkg/d.py: in the table but no module with functions under the targets",
+        "pkg/d.py: no test files",
+        "equivalent other.x_f__mutmut_1: of no module in the table",
+    ]
+
+
+def test_arguments_name_a_module_or_a_folder_under_the_package_or_src():
+    table = mutation.read_table()
+    package = mutation.PACKAGE
+    assert mutation.choose(table, ["runs/integrity.py"]) == [f"{package}/runs/integrity.py"]
+    assert mutation.choose(table, [f"src/{package}/runs/integrity.py"]) == [
+        f"{package}/runs/integrity.py"
+    ]
+    sweeps = mutation.choose(table, ["sweeps/"])
+    assert sweeps and all(module.startswith(f"{package}/sweeps/") for module in sweeps)
+    assert mutation.choose(table, ["hydra_plugins"]) == [
+        module for module in table.tests if module.startswith("hydra_plugins/")
+    ]
+    assert mutation.choose(table, []) == list(table.tests)
+    with pytest.raises(SystemExit, match=r"runs/nothing\.py: no module"):
+        mutation.choose(table, ["runs/nothing.py"])
+
+
+DIFF = """--- src/repro/m.py
++++ src/repro/m.py
+@@ -1,3 +1,3 @@
+ def f(x):
+-    return x + 1
++    return x - 1
+"""
+
+
+def test_an_equivalent_leaves_the_score_only_while_it_changes_the_same_lines(capsys):
+    assert mutation.changed_lines(DIFF) == "- return x + 1\n+ return x - 1"
+    stale = DIFF.replace("x - 1", "x * 1")
+    result = {"mutants": {
+        "repro.m.x_f__mutmut_1": {"status": "killed", "diff": ""},
+        "repro.m.x_f__mutmut_2": {"status": "survived", "diff": DIFF},
+        "repro.m.x_f__mutmut_3": {"status": "survived", "diff": stale},
+        "repro.m.x_f__mutmut_10": {"status": "no tests", "diff": DIFF},
+        "repro.m.x_f__mutmut_4": {"status": "timeout", "diff": ""},
+    }}  # fmt: skip
+    changes = "- return x + 1\n+ return x - 1"
+    listed = {
+        name: mutation.Equivalent(name, changes, "reviewed")
+        for name in ("repro.m.x_f__mutmut_1", "repro.m.x_f__mutmut_2", "repro.m.x_f__mutmut_3")
+    }
+    notes: list[str] = []
+    counted = mutation.tally(result, listed, notes)
+    assert (counted.total, counted.killed, counted.equivalent) == (5, 2, 1)
+    assert [name for name, _, _ in counted.survivors] == [
+        "repro.m.x_f__mutmut_3", "repro.m.x_f__mutmut_10"
+    ]  # fmt: skip
+    assert counted.score() == "2/4 = 50.0%"
+    assert notes == [
+        "repro.m.x_f__mutmut_1: listed as equivalent but a test kills it: drop the entry",
+        "repro.m.x_f__mutmut_3: listed as equivalent, but it now changes other lines",
+    ]
+    mutation.show("repro/m.py", counted, 3.0)
+    assert capsys.readouterr().out.splitlines() == [
+        "repro/m.py: 5 mutants, 2 killed, 2 survived, 1 equivalent; score 2/4 = 50.0%; 3 s",
+        "  SURVIVED repro.m.x_f__mutmut_3",
+        "      - return x + 1",
+        "      + return x * 1",
+        "  NO TEST reaches these functions (their mutants): x_f (1)",
+    ]
+
+
+def test_progress_is_read_from_mutmuts_last_status_line(tmp_path):
+    log = tmp_path / "m.log"
+    log.write_text("⠋ Generating mutants")
+    assert mutation.progress(log) == "generating mutants, then running the tests unmutated"
+    log.write_text("⠋ 3/34  🎉 2 🫥 0  ⏰ 0  🙁 1\r⠙ 12/34  🎉 10 🫥 0  ⏰ 0  🙁 2\r")
+    assert mutation.progress(log) == "12/34 mutants run, 10 killed"
