@@ -146,5 +146,7 @@ def test_the_digest_covers_order_dtype_shape_and_type():
     half = integrity.content_sha256({"a": torch.arange(6.0).half(), "b": 1})
     shaped = integrity.content_sha256({"a": torch.arange(6.0).reshape(2, 3), "b": 1})
     typed = integrity.content_sha256({"a": torch.arange(6.0), "b": 1.0})
-    assert len({base, swapped, half, shaped, typed}) == 5
+    listed = integrity.content_sha256({"a": torch.arange(6.0), "b": [1, 2]})
+    tupled = integrity.content_sha256({"a": torch.arange(6.0), "b": (1, 2)})
+    assert len({base, swapped, half, shaped, typed, listed, tupled}) == 7
     assert integrity.content_sha256({"a": torch.arange(6.0), "b": 1}) == base
