@@ -158,6 +158,9 @@ def changed_lines(diff: str) -> str:
     )
 
 
+READ_BY_TESTS = ("conf", "docs", "README.md", "benchmarks", "scripts", "Makefile", ".ci")
+
+
 # --- one module, in a process of its own ---------------------------------------------------
 
 
@@ -172,12 +175,14 @@ def run_module(module: str, tests: tuple[str, ...], workers: int) -> dict:
 
     os.chdir(ROOT)
     WORK.mkdir(exist_ok=True)
-    # The tests read conf/ beside src/; the trusted targets are those git tracks there, which
-    # a copy inside an ignored folder would not be: a link to this checkout's conf/.
-    link = WORK / "conf"
-    if not link.is_symlink():
-        shutil.rmtree(link, ignore_errors=True)
-        link.symlink_to(Path("..") / "conf")
+    # The tests read conf/, docs/, the README ... beside src/, which mutmut does not copy; the
+    # trusted targets are those git tracks in conf/, which a copy inside an ignored folder
+    # would not be: links to this checkout's own.
+    for name in READ_BY_TESTS:
+        link = WORK / name
+        if not link.is_symlink():
+            shutil.rmtree(link, ignore_errors=True)
+            link.symlink_to(Path("..") / name)
     # mutmut leaves a module it did not mutate this time as a plain copy, newer than the
     # source, which it would then take for its mutated file: generated afresh each run.
     (WORK / "src" / module).unlink(missing_ok=True)
