@@ -186,12 +186,12 @@ def test_deleting_a_component_and_its_yaml_leaves_the_rest_working(component, tm
     assert asked.returncode != 0 and f"components/{component}" in asked.stderr  # named, gone
 
 
-# Libraries a plain training run never uses, imported only where they are used (issue 41):
-# scipy (about 0.9 s) gives a sweep's t intervals.
-NOT_AT_START = ("scipy",)
+# Libraries a run on the built-in data never uses, imported only where used (issue 41): scipy
+# (about 0.9 s) for a sweep's t intervals, torchvision for decoding image files.
+NOT_AT_START = ("scipy", "torchvision")
 
 
-def test_starting_a_training_run_imports_no_library_only_sweeps_use():
+def test_starting_a_training_run_imports_neither_scipy_nor_torchvision():
     # A fresh interpreter: the entry point's modules, then Hydra's plugin scan, which imports
     # every module under hydra_plugins (repro's sweepers too) on every run.
     probe = (
