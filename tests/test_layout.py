@@ -185,3 +185,24 @@ def test_deleting_a_component_and_its_yaml_leaves_the_rest_working(component, tm
         cwd=copy, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert asked.returncode != 0 and f"components/{component}" in asked.stderr  # named, gone
+
+
+# Libraries a run on the built-in data never uses, imported only where used (issue 41): scipy
+# (about 0.9 s) for a sweep's t intervals, torchvision for decoding image files.
+NOT_AT_START = ("scipy", "torchvision")
+
+
+def test_starting_a_training_run_imports_neither_scipy_nor_torchvision():
+    # A fresh interpreter: the entry point's modules, then Hydra's plugin scan, which imports
+    # every module under hydra_plugins (repro's sweepers too) on every run.
+    probe = (
+        "import sys\nimport repro.train\nfrom hydra.core.plugins import Plugins\n"
+        "Plugins.instance()\nloaded = {name.split('.')[0] for name in sys.modules}\n"
+        f"print(*sorted(loaded & {set(NOT_AT_START)!r}))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == []

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-
-try:
-    from torchvision.io import ImageReadMode, decode_image
-except ImportError:  # a torchvision without its own decoders
-    decode_image = None
 
 from repro.errors import DataError
 
@@ -61,18 +57,29 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 # PIL here, with the same pixels. The others go through PIL, as everything will once
 # torchvision drops its decoders (deprecated in 0.29 in favour of TorchCodec, which needs
 # FFmpeg on the machine); until then its warning, once per image, is silenced.
-TORCHVISION_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"} if decode_image else set()
+TORCHVISION_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 warnings.filterwarnings(
     "ignore", "The image decoding and encoding capabilities of TorchVision", DeprecationWarning
 )
 
 
+@functools.cache
+def torchvision_decoder() -> Any:
+    """torchvision.io's decoder to RGB; None for a torchvision without its own decoders (PIL then
+    decodes every file). Imported on first use, not with this module: every run imports this
+    module, and runs on in-memory data (the built-in dataset, CIFAR-10) decode no file."""
+    try:
+        from torchvision.io import ImageReadMode, decode_image
+    except ImportError:
+        return None
+    return functools.partial(decode_image, mode=ImageReadMode.RGB)
+
+
 def decode_file(path: Path) -> torch.Tensor:
     """An image file as a uint8 RGB (3, H, W) tensor; DataError naming the file if unreadable."""
     try:
-        if path.suffix.lower() in TORCHVISION_SUFFIXES:
-            encoded = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
-            return decode_image(encoded, mode=ImageReadMode.RGB)
+        if path.suffix.lower() in TORCHVISION_SUFFIXES and (decode := torchvision_decoder()):
+            return decode(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
         with Image.open(path) as image:
             pixels = np.asarray(image.convert("RGB"))
         return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
@@ -85,6 +92,7 @@ class ImageFiles:
 
     def __init__(self, paths: list[Path], labels: list[int]) -> None:
         self.paths, self.labels = paths, labels
+        torchvision_decoder()  # imported here, so that forked workers inherit it
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -102,9 +110,8 @@ class ImageFiles:
         paths: list[Path] = []
         labels: list[int] = []
         for label, name in enumerate(classes):
-            files = sorted(
-                p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES
-            )
+            found = (root / name).rglob("*")
+            files = sorted(p for p in found if p.suffix.lower() in IMAGE_SUFFIXES)
             paths += files
             labels += [label] * len(files)
         return cls(paths, labels)

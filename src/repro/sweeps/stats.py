@@ -6,8 +6,6 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from scipy import stats
-
 
 @dataclass
 class Summary:
@@ -29,6 +27,8 @@ def summarize(values: list[float], confidence: float = 0.95) -> Summary:
     if count < 2:
         return Summary(count, mean, math.nan, min(values), max(values), math.nan, math.nan)
     std = statistics.stdev(values)
+    from scipy import stats  # late: ~0.9 s, and Hydra's plugin scan imports this module every run
+
     half = stats.t.ppf(0.5 + confidence / 2, count - 1) * std / math.sqrt(count)
     return Summary(count, mean, std, min(values), max(values), mean - half, mean + half)
 
@@ -56,6 +56,8 @@ def difference_of_means(a: list[float], b: list[float], confidence: float = 0.95
     if se == 0:
         return Difference(diff, diff, diff, math.inf)
     dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    from scipy import stats  # late, as in summarize
+
     half = stats.t.ppf(0.5 + confidence / 2, dof) * se
     return Difference(diff, diff - half, diff + half, dof)
 
@@ -63,6 +65,5 @@ def difference_of_means(a: list[float], b: list[float], confidence: float = 0.95
 def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) -> Difference:
     """The mean of b[i] - a[i] over matched pairs (the same seed in both groups) with a t
     interval of the per-pair differences: what the seed does to both cancels out."""
-    differences = [y - x for x, y in zip(a, b, strict=True)]
-    s = summarize(differences, confidence)
+    s = summarize([y - x for x, y in zip(a, b, strict=True)], confidence)
     return Difference(s.mean, s.ci_low, s.ci_high, s.count - 1 if s.count > 1 else math.nan)
