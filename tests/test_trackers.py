@@ -58,6 +58,32 @@ def test_wandb_offline_records_the_same_run_in_the_run_folder(tmp_path, monkeypa
     assert repr(summary["test_acc"]).encode() in log
 
 
+def test_an_mlflow_experiment_made_by_another_process_meanwhile_is_joined(tmp_path, monkeypatch):
+    """Two runs starting together both find no experiment; the second one's creation is
+    refused by MLflow, and that run must join the first one's experiment, not fail."""
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for the other process's client
+    store = f"file:{tmp_path / 'mlruns'}"
+    other = MlflowClient(tracking_uri=store)
+    look_up = MlflowClient.get_experiment_by_name
+    made: list[str] = []
+
+    def too_early(self, name):  # the other process creates it just after our lookup
+        if not made:
+            made.append(other.create_experiment(name))
+            return None
+        return look_up(self, name)
+
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", too_early)
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *RUN, "logger=mlflow", f"logger.mlflow.tracking_uri={store}")
+    run = other.get_run((run_dir / ".mlflow_run_id").read_text().strip())
+    assert run.info.experiment_id == made[0] and run.info.status == "FINISHED"
+    assert [e.name for e in other.search_experiments()].count("repro") == 1
+
+
 def test_mlflow_takes_a_plain_path_as_a_local_store(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     store = tmp_path / "store"  # no scheme, as MLflow's own docs write it

@@ -125,16 +125,12 @@ class MlflowTracker:
         self.client, self.run_dir = mlflow_client(settings.tracking_uri), run_dir
         self.run_id = _kept_id(run_dir, self.ID_FILE)
         if self.run_id is None:
-            experiment = self.client.get_experiment_by_name(settings.experiment)
-            experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else self.client.create_experiment(settings.experiment)
-            )
             tags = {}
-            if sweep is not None:  # what `mlflow.start_run(nested=True)` sets
-                tags = {"mlflow.parentRunId": self._parent(experiment_id, sweep.folder)}
-                tags |= sweep.tags
+            if sweep is None:
+                experiment_id = self._experiment(settings.experiment)
+            else:  # what `mlflow.start_run(nested=True)` sets
+                experiment_id, parent = self._parent(settings.experiment, sweep.folder)
+                tags = {"mlflow.parentRunId": parent} | sweep.tags
             run = self.client.create_run(experiment_id, run_name=run_dir.name, tags=tags)
             self.run_id = run.info.run_id
             write_text_atomic(run_dir / self.ID_FILE, self.run_id + "\n")
@@ -143,16 +139,35 @@ class MlflowTracker:
             parameters = [Param(key, value[:6000]) for key, value in _parameters(cfg).items()]
             self.client.log_batch(self.run_id, params=parameters)
 
-    def _parent(self, experiment_id: str, folder: Path) -> str:
-        """The sweep's run: made by its first job to start, under a lock in the sweep folder
-        (the joblib launcher starts its jobs together); its id kept there for the others."""
+    def _experiment(self, name: str) -> str:
+        """The id of the experiment `name`, made if missing. Another process may make it
+        between our lookup and our creation; MLflow then refuses ours, and we use theirs."""
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException as refused:
+            experiment = self.client.get_experiment_by_name(name)
+            if refused.error_code != "RESOURCE_ALREADY_EXISTS" or experiment is None:
+                raise
+            return experiment.experiment_id
+
+    def _parent(self, experiment_name: str, folder: Path) -> tuple[str, str]:
+        """The experiment's id and the sweep's run: both made by the sweep's first job to
+        start, under a lock in the sweep folder (the joblib launcher starts its jobs together,
+        and a file store lets two processes make two experiments of one name); the run's id
+        kept there for the others."""
         with (folder / ".mlflow_parent.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            experiment_id = self._experiment(experiment_name)
             parent = _kept_id(folder, self.PARENT_FILE)
             if parent is None:
                 parent = self.client.create_run(experiment_id, run_name=folder.name).info.run_id
                 write_text_atomic(folder / self.PARENT_FILE, parent + "\n")
-        return parent
+        return experiment_id, parent
 
     def _send(self, points: list[tuple[str, float, int]]) -> None:
         """(name, value, step) points, in one request."""
