@@ -61,7 +61,7 @@ def test_wandb_offline_records_the_same_run_in_the_run_folder(tmp_path, monkeypa
 def test_an_mlflow_experiment_made_by_another_process_meanwhile_is_joined(tmp_path, monkeypatch):
     """Two runs starting together both find no experiment; the second one's creation is
     refused by MLflow, and that run must join the first one's experiment, not fail."""
-    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for the other process's client
