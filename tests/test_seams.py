@@ -178,3 +178,63 @@ def test_the_confusion_matrix_counts_true_against_predicted():
                        torch.tensor([2])])  # fmt: skip
     assert kept.confusion(3).tolist() == [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     assert Predictions().confusion(2).tolist() == [[0, 0], [0, 0]]
+
+
+# ---- a data option's own settings: its builder's keyword arguments -------------------------
+
+
+def labelled_shapes(cfg, seed: int, *, labels_file: str, offset: int = 0, note: str | None = None):
+    """The synthetic shapes, with settings of its own: it records what it was given."""
+    from repro.data import datasets
+
+    labelled_shapes.given = {"labels_file": labels_file, "offset": offset, "note": note}
+    return datasets.synthetic(cfg, seed)
+
+
+OWN = tiny(f"data._target_={__name__}.labelled_shapes", "+data.labels_file=labels.csv")
+
+
+def test_a_data_options_own_settings_reach_its_builder_typed_and_are_recorded(tmp_path):
+    from conftest import train_in_process
+
+    summary = train_in_process(tmp_path, *OWN, "+data.offset=3")
+    assert labelled_shapes.given == {"labels_file": "labels.csv", "offset": 3, "note": None}
+    assert summary["completed"]
+    recorded = OmegaConf.load(tmp_path / "resolved_config.yaml")
+    assert recorded.data.labels_file == "labels.csv" and recorded.data.offset == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "said"),
+    [
+        (["+data.labels_fil=x.csv"], "data.labels_fil", "did you mean data.labels_file?"),
+        (
+            ["+data.offset=1.5"],
+            "data.offset",
+            "a value of type int, as test_seams.labelled_shapes declares",
+        ),
+        (["+data.offset=true"], "data.offset", "a value of type int"),
+        (["~data.labels_file"], "data.labels_file", "test_seams.labelled_shapes requires it"),
+        (["data.val_size=many"], "data.val_size", "a value of type int"),
+    ],
+)
+def test_a_data_setting_that_its_builder_does_not_take_is_one_line_before_any_work(
+    overrides, key, said
+):
+    from repro import config
+
+    cfg = compose_config(*OWN, *overrides)
+    with pytest.raises(ConfigError) as caught:
+        config.validate(cfg)
+    assert caught.value.key == key and said in str(caught.value)
+
+
+def test_a_builder_without_settings_refuses_any_and_the_schemas_keys_stay_typed():
+    from repro import config
+
+    cfg = compose_config(*tiny("+data.vla_size=3"))  # the synthetic builder takes none
+    with pytest.raises(ConfigError, match=r"its own: none\); did you mean data\.val_size\?"):
+        config.validate(cfg)
+    cfg = compose_config(*tiny("data.image_size='32'"))
+    config.validate(cfg)
+    assert cfg.data.image_size == 32  # typed as the schema declares it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import time
 
 import pytest
@@ -57,8 +58,49 @@ def test_patience_stops_a_run_that_no_longer_improves_and_a_rerun_has_nothing_to
     assert summary["stopped_early"] and summary["completed"]
     assert summary["step"] == 3 and summary["best_step"] == 1  # evaluations at 1, 2, 3
     assert summary["total_steps"] == 6 and "test_acc" in summary
+    assert summary["stop_reason"] == "trainer.patience: 2 evaluations without a better val_acc"
     again = train_in_process(tmp_path, *frozen)
     assert again.get("already_complete") and again["step"] == 3
+
+
+class StopAtStep:
+    """A callback that stops the run once `step` steps are done."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_step(self, loop) -> None:
+        if loop.state.position.step == self.step:
+            loop.stop(f"reached step {self.step}")
+
+
+def test_a_callback_stops_a_run_which_ends_completed_and_resumes_to_the_same_end(tmp_path):
+    stopping = tiny("trainer.epochs=2", f"+callbacks.stop._target_={__name__}.StopAtStep",
+                    "+callbacks.stop.step=5")  # fmt: skip
+    summary = train_in_process(tmp_path / "whole", *stopping)
+    assert summary["step"] == 5 and summary["total_steps"] == 12
+    assert summary["completed"] and summary["stop_reason"] == "reached step 5"
+    assert "test_acc" in summary and summary["val_acc"] == summary["best_val_acc"]
+    attempts = (tmp_path / "whole" / "attempts.jsonl").read_text().splitlines()
+    assert json.loads(attempts[-1])["result"] == "completed, stopped early: reached step 5"
+    # Halted at step 3, then resumed: the same end, weights and figures.
+    train_in_process(tmp_path / "halted", *stopping, "trainer.halt_at_step=3")
+    resumed = train_in_process(tmp_path / "halted", *stopping)
+    assert resumed["step"] == 5 and resumed["stop_reason"] == "reached step 5"
+    assert resumed["weights_sha256"] == summary["weights_sha256"]
+    assert rows(tmp_path / "halted")[-1]["val_loss"] == rows(tmp_path / "whole")[-1]["val_loss"]
+    again = train_in_process(tmp_path / "halted", *stopping)
+    assert again.get("already_complete") and again["step"] == 5
+
+
+def test_the_first_stop_reason_stands():
+    from repro.engine.position import RunState
+
+    loop = Trainer.__new__(Trainer)  # only its state is touched
+    loop.state = RunState()
+    loop.stop("the first")
+    loop.stop("the second")
+    assert loop.state.stopped_early and loop.state.stop_reason == "the first"
 
 
 def test_without_test_after_fit_the_test_split_is_left_alone(tmp_path):

@@ -150,6 +150,10 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> tuple[str, Any, 
 def validate(cfg: DictConfig, schema: type = Config) -> None:
     """Raise ConfigError for a key `schema` does not know, or the first value outside its
     allowed range or choices."""
+    from repro.data import datasets, options  # the data option's own settings, typed by its builder
+
+    options.typed(cfg.data)
+    options.check(datasets.builder(cfg.data), cfg.data)
     unknown = _unknown_keys(cfg, schema)
     if unknown:
         key, value, closest = unknown

@@ -166,7 +166,8 @@ class Config:
     dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
     memory_format: MemoryFormatConfig = field(default_factory=MemoryFormatConfig)
     amp: AmpConfig = field(default_factory=AmpConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    # Open, unlike the other sections: a data option may add its builder's own settings.
+    data: Any = field(default_factory=lambda: _open(DataConfig))
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     objective: Any = None
     model: Any = None
@@ -211,13 +212,19 @@ def declared_defaults() -> dict[str, Any]:
     sections = {
         item.name: _SECTIONS[item.type] for item in fields(Config) if item.type in _SECTIONS
     }
-    sections["optimizer"] = OptimizerExtras
+    sections["optimizer"], sections["data"] = OptimizerExtras, DataConfig
     return {
         f"{section}.{item.name}": item.default
         for section, schema in sections.items()
         for item in fields(schema)
         if item.default not in (MISSING, dataclasses.MISSING) and "Config" not in str(item.type)
     }
+
+
+def _open(schema: type) -> dict[str, Any]:
+    """A section's keys and defaults as an untyped node, which takes keys the schema lacks;
+    `config.validate` then types the declared ones."""
+    return {item.name: item.default for item in fields(schema)}
 
 
 _SECTIONS = {schema.__name__: schema for schema in (SeedConfig, CudnnConfig, DataLoaderConfig,

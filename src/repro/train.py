@@ -193,6 +193,7 @@ def _summary(
         "step": position.step,
         "completed": position.step >= trainer.total_steps or trainer.state.stopped_early,
         "stopped_early": trainer.state.stopped_early,
+        "stop_reason": trainer.state.stop_reason,
         f"best_{trainer.settings.monitor}": trainer.state.best.value,
         "best_step": trainer.state.best.step,
         "stopped_by_signal": trainer.state.stopped_by,
@@ -227,6 +228,8 @@ def _write_records(
 def _result(summary: dict[str, Any]) -> str:
     if summary["stopped_by_signal"] is not None:
         return f"stopped by signal {summary['stopped_by_signal']}"
+    if summary["stop_reason"] is not None:
+        return f"completed, stopped early: {summary['stop_reason']}"
     return "completed" if summary["completed"] else "halted"
 
 

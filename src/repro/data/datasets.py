@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from hydra.utils import get_method
 
+from repro.data import options
 from repro.data import synthetic as shapes
 from repro.data.cache import decode
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles, Source, TensorImages, in_memory
@@ -122,7 +123,7 @@ def builder(cfg: Any) -> Callable[[Any, int], Splits]:
     except Exception as error:  # an unknown module or name: the user's to fix
         raise ConfigError("data._target_", cfg._target_, f"cannot import it: {error}") from None
     try:
-        inspect.signature(found).bind(cfg, 0)
+        inspect.signature(found).bind_partial(cfg, 0)  # its own settings are checked apart
     except (TypeError, ValueError):  # ValueError: a builtin without a signature
         allowed = "a builder that takes (data config, seed) and returns Splits"
         raise ConfigError("data._target_", cfg._target_, allowed) from None
@@ -139,7 +140,8 @@ def _keep_fraction(source: Source, fraction: float, split_seed: int, split: str)
 def build_splits(cfg: Any, split_seed: int, progress: str = "auto") -> Splits:
     """The splits `data._target_` builds, cut to `data.fraction` of every split, and decoded
     into memory with `data.cache=memory` (a progress bar as `logger.progress` says)."""
-    built = builder(cfg)(cfg, split_seed)
+    build = builder(cfg)
+    built = build(cfg, split_seed, **options.check(build, cfg))
     if not isinstance(built, Splits):
         allowed = "a builder that returns repro.data.datasets.Splits"
         raise ConfigError(

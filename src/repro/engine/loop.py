@@ -85,6 +85,7 @@ class Trainer:
             "last_eval": dict(run.last_eval),
             "best": vars(run.best).copy(),
             "stopped_early": run.stopped_early,
+            "stop_reason": run.stop_reason,
             "components": self.callbacks.components_state(),  # the average, lookahead
             "rng": self._rng_states(),
             "callbacks": self.callbacks.state_dict(),
@@ -107,6 +108,7 @@ class Trainer:
             last_eval=dict(state["last_eval"]),
             best=Best(**state.get("best", {})),
             stopped_early=bool(state.get("stopped_early", False)),
+            stop_reason=state.get("stop_reason"),
         )
         self.callbacks.load_components(state)
         self.callbacks.load_state_dict(state.get("callbacks") or {})
@@ -183,6 +185,15 @@ class Trainer:
             if not last or last["step"] != pos.step:
                 self.evaluate_and_log(throughput)
                 self.checkpoint()
+
+    def stop(self, reason: str) -> None:
+        """End the run after this step as a completed one: it evaluates (unless it just did),
+        checkpoints, tests and writes `reason` to summary.json and attempts.jsonl. Call it from
+        `after_step` or `after_evaluation`, on every rank at the same step (decide from the
+        evaluation row, the same on every rank, or agree through `repro.runtime.distributed`):
+        a rank that goes on alone waits for the others forever."""
+        if not self.state.stopped_early:  # the first reason stands
+            self.state.stopped_early, self.state.stop_reason = True, str(reason)
 
     def _finished(self) -> bool:
         return self.state.stopped_early or self.state.position.step >= self.total_steps
@@ -278,7 +289,9 @@ class Trainer:
             raise ConfigError("trainer.monitor", monitor, f"one of this run's {', '.join(named)}")
         step = run.position.step
         improved = run.best.record(run.last_eval[monitor], step, self.settings.monitor_mode)
-        run.stopped_early = run.best.spent(self.settings.patience)  # before the checkpoint
+        patience = self.settings.patience
+        if run.best.spent(patience):  # before the checkpoint
+            self.stop(f"trainer.patience: {patience} evaluations without a better {monitor}")
         if improved and self.settings.save_checkpoints:
             state = self.state_dict()  # a collective: every rank takes part
             if self.dist.is_main:

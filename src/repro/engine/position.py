@@ -64,10 +64,12 @@ class Best:
 @dataclass
 class RunState:
     """What a run's loop has done so far, all of it checkpointed: where it is, its last
-    evaluation row, its best monitored value, and whether it stopped early or by a signal."""
+    evaluation row, its best monitored value, and whether it stopped early (and why) or by a
+    signal."""
 
     position: Position = field(default_factory=Position)
     last_eval: dict[str, float] = field(default_factory=dict)
     best: Best = field(default_factory=Best)
     stopped_by: int | None = None  # the signal that stopped it (not checkpointed)
     stopped_early: bool = False
+    stop_reason: str | None = None  # what stopped it early: trainer.patience, a callback

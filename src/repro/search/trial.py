@@ -52,8 +52,8 @@ class ReportToStudy:
             self.trial.report(row[self.metric], row["step"])
             prune = self.trial.should_prune()
         if distributed.broadcast(prune, loop.dist):
-            loop.state.stopped_early = True  # the loop checkpoints and ends, as with patience
             self.pruned_at = int(row["step"])
+            loop.stop(f"pruned by optuna at step {self.pruned_at}")
             log.info("trial %d pruned at step %d (%s %.4f)", self.trial.number, self.pruned_at,
                      self.metric, row[self.metric])  # fmt: skip
 
