@@ -33,6 +33,11 @@ def test_cross_entropy_is_per_image_and_blends_mixed_targets():
     assert torch.equal(chunks[1].partners, partners[3:])
 
 
+def SEEN(images: int) -> tuple[torch.Tensor, torch.nn.Module]:  # noqa: N802
+    """The images and the model an objective's logits came from, for a call by hand."""
+    return torch.zeros(images, 3, 2, 2), torch.nn.Flatten()
+
+
 @pytest.mark.parametrize(
     ("returned", "complaint"),
     [
@@ -48,13 +53,15 @@ def test_an_objective_that_returns_the_wrong_thing_is_one_line_at_its_first_call
 ):
     checked = Checked(lambda logits, targets: returned(len(logits)), "mine.Objective")
     with pytest.raises(ConfigError, match=complaint) as caught:
-        checked(torch.zeros(4, 3), Targets(torch.zeros(4, dtype=torch.long)))
+        checked(torch.zeros(4, 3), Targets(torch.zeros(4, dtype=torch.long)), *SEEN(4))
     assert caught.value.key == "objective._target_"
 
 
 def test_batch_level_terms_are_allowed_and_averaged_per_image_terms():
     terms = {"loss": torch.tensor([1.0, 3.0]), "batch_term": torch.tensor(5.0)}
-    Checked(lambda logits, targets: terms, "t")(torch.zeros(2, 2), Targets(torch.zeros(2)))
+    Checked(lambda logits, targets: terms, "t")(
+        torch.zeros(2, 2), Targets(torch.zeros(2)), *SEEN(2)
+    )
     assert {k: v.item() for k, v in batch_means(terms).items()} == {"loss": 2.0, "batch_term": 5.0}
 
 

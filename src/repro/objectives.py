@@ -12,15 +12,23 @@ sweep report summarises.
 
 MixUp and CutMix reach the objective as `Targets` with partner labels and a weight:
 `targets.mixed(loss_of)` applies a per-label loss to both and blends them.
+
+An objective that needs more (distillation needs a teacher's logits for the same images) takes
+a third argument, a `Batch`: the images the logits came from, the model that made them, the
+run's components by name (a teacher is one) and whether it is training. Every caller passes it
+alike: both training steps (each micro-batch its own images), evaluation (with TTA, the images
+before flipping; the logits are the flips' mean) and the test after training.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 from torch.nn import functional
 
 from repro.errors import ConfigError
@@ -57,6 +65,24 @@ class Targets:
         ]
 
 
+@dataclass(frozen=True)
+class Batch:
+    """What an objective taking a third argument gets besides logits and targets."""
+
+    images: torch.Tensor  # as the model saw them: mixed, in its memory format, on its device
+    model: nn.Module  # the model whose logits these are (without DDP's wrapper; in evaluation,
+    # the one evaluated: the weight average for ema_val_ columns)
+    components: Mapping[str, Any]  # the run's `components` by name; empty in repro.evaluate
+    training: bool  # False in evaluation: no gradient is taken
+
+    def component(self, name: str) -> Any:
+        """The component `name`; one line naming what to add when the run has none."""
+        if name not in self.components:
+            allowed = f"a component named {name}: add +components.{name}._target_=..."
+            raise ConfigError(f"components.{name}", None, allowed)
+        return self.components[name]
+
+
 class Objective(Protocol):
     def __call__(self, logits: torch.Tensor, targets: Targets) -> dict[str, torch.Tensor]: ...
 
@@ -91,18 +117,46 @@ def batch_sums(terms: dict[str, torch.Tensor], images: int) -> dict[str, torch.T
 
 
 class Checked:
-    """An objective whose first result is checked (`check_terms`): a user's objective that
-    returns the wrong thing fails in one line at the first step, not deep in the loop."""
+    """An objective as the loop calls it: with a `Batch` if it takes one, and its first result
+    checked (`check_terms`), so that a user's objective that returns the wrong thing fails in
+    one line at the first step, not deep in the loop."""
 
     def __init__(self, objective: Objective, target: str) -> None:
         self.objective, self.target, self.unchecked = objective, target, True
+        self.takes_batch = _takes_batch(objective)
+        self.components: Mapping[str, Any] = {}  # the run's, once built (engine/assembly)
 
-    def __call__(self, logits: torch.Tensor, targets: Targets) -> dict[str, torch.Tensor]:
-        terms = self.objective(logits, targets)
+    def __call__(
+        self, logits: torch.Tensor, targets: Targets, images: torch.Tensor, model: nn.Module
+    ) -> dict[str, torch.Tensor]:
+        if self.takes_batch:
+            batch = Batch(images, model, self.components, model.training)
+            terms = self.objective(logits, targets, batch)  # type: ignore[call-arg]
+        else:
+            terms = self.objective(logits, targets)
         if self.unchecked:
             check_terms(terms, len(targets.labels), self.target)
             self.unchecked = False
         return terms
+
+
+def checked(objective: Objective | Checked) -> Checked:
+    """`objective` as the loop calls it (one the template built is already)."""
+    if isinstance(objective, Checked):
+        return objective
+    return Checked(objective, getattr(objective, "__qualname__", type(objective).__name__))
+
+
+def _takes_batch(objective: Any) -> bool:
+    """Whether the objective's call takes a third positional argument (the `Batch`)."""
+    try:
+        parameters = inspect.signature(objective).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the two-argument form
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return True
+    return sum(p.kind in positional for p in parameters) >= 3
 
 
 def check_terms(terms: Any, images: int, target: str) -> None:

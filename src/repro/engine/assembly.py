@@ -141,6 +141,8 @@ def trainer(
     """The loop over `parts`. Every checkpoint holds `extra_state` (the config and the seed)
     and the values a resume must find unchanged (`Knobs.resolved`)."""
     objective, settings = build.objective(cfg), LoopSettings.from_config(cfg)
+    components = callbacks.build_components(cfg.get("components"), parts.model, parts.total_steps)
+    objective.components = components  # a teacher, for an objective that asks (a Batch)
     if cfg.trainer.world_invariant:
         step: Any = _invariant_step(cfg, knobs, parts, objective)
     else:
@@ -171,11 +173,7 @@ def trainer(
             "normalisation": parts.normalisation,
         },
         total_steps=parts.total_steps,
-        callbacks=callbacks.build(
-            cfg.get("callbacks"),
-            builtin,
-            callbacks.build_components(cfg.get("components"), parts.model, parts.total_steps),
-        ),
+        callbacks=callbacks.build(cfg.get("callbacks"), builtin, components),
         scores=parts.scores,
     )
 

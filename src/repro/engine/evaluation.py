@@ -12,7 +12,15 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from repro.objectives import TOTAL, CrossEntropy, Objective, Targets, batch_sums, column
+from repro.objectives import (
+    TOTAL,
+    CrossEntropy,
+    Objective,
+    Targets,
+    batch_sums,
+    checked,
+    column,
+)
 from repro.runtime import distributed
 from repro.watch.scores import Scores
 
@@ -78,7 +86,7 @@ def evaluate(
     with `classes`, also the confusion matrix (rows: true class, columns: predicted); with
     `keep_predictions`, the pass's `Predictions` under "predictions"; with `scores` (the
     `metrics` group), the metrics' results (`Scores.results`)."""
-    objective = objective or CrossEntropy()
+    objective = checked(objective or CrossEntropy())
     was_training = model.training
     model.eval()
     # Sums stay on the device until the end (a read per batch would wait for the GPU each
@@ -91,11 +99,13 @@ def evaluate(
     scored: list[tuple[torch.Tensor, torch.Tensor]] = []  # scored after the pass: see Scores
     for images, labels in batches:
         images, labels = to_device(images, labels)
+        images = prepare(images)
         with autocast():
-            logits = predict(model, prepare(images), tta)
+            logits = predict(model, images, tta)
         # Per-image terms summed in float64: the totals do not depend on how the images were
         # batched (or sharded over ranks) beyond the logits' own last bits.
-        for name, total in batch_sums(objective(logits, Targets(labels)), len(labels)).items():
+        terms = objective(logits, Targets(labels), images, model)
+        for name, total in batch_sums(terms, len(labels)).items():
             sums[name] = sums[name] + total if name in sums else total
         predicted = logits.argmax(1)
         correct += (predicted == labels).sum().double()

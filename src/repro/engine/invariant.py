@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from repro.engine.settings import LoopSettings
-from repro.objectives import TOTAL, Objective, Targets, batch_means
+from repro.objectives import TOTAL, Objective, Targets, batch_means, checked
 from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -115,6 +115,7 @@ class InvariantStep:
 
     def __post_init__(self) -> None:
         self.norms = BatchNormStatistics(self.model)
+        self.objective = checked(self.objective)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
 
     def __call__(
@@ -134,7 +135,7 @@ class InvariantStep:
                 torch.manual_seed(stream_seed(self.root_seed, "micro", *key))
                 self.optimizer.zero_grad(set_to_none=True)
                 with self.norms, self.precision.autocast():
-                    terms = batch_means(self.objective(self.model(x), Targets(y)))
+                    terms = batch_means(self.objective(self.model(x), Targets(y), x, self.model))
                 terms[TOTAL].backward()
             gradients.append(torch.cat([_flat_gradient(p) for p in self.parameters]))
             names = list(terms)

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from repro.engine.mixing import BatchMixer
 from repro.engine.settings import LoopSettings
-from repro.objectives import TOTAL, Objective, Targets, batch_means
+from repro.objectives import TOTAL, Objective, Targets, batch_means, checked
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
 
@@ -29,6 +29,9 @@ class OptimizerStep:
     settings: LoopSettings
     objective: Objective
     mixer: BatchMixer | None = None
+
+    def __post_init__(self) -> None:
+        self.objective = checked(self.objective)
 
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int
@@ -55,7 +58,7 @@ class OptimizerStep:
             micro = zip(images.chunk(pieces), targets.chunk(pieces), strict=True)
         for index, (x, y) in enumerate(micro):
             with self._gradient_sync(last=index == pieces - 1), self.precision.autocast():
-                terms = batch_means(self.objective(self.forward_model(x), y))
+                terms = batch_means(self.objective(self.forward_model(x), y, x, self.model))
                 if pieces > 1:
                     terms = {name: value / pieces for name, value in terms.items()}
             scaler.scale(terms[TOTAL]).backward()
