@@ -382,7 +382,7 @@ def test_losses_under_two_objectives_are_not_compared_and_accuracy_still_is(tmp_
         (["data"], "wall_s", None),
         (["data.cache", "data.augment", "data.mean"], "val_acc", None),  # the same images
         (["augment.mixup_alpha"], "val_loss", None),
-        (["amp", "optimizer.lr"], "val_loss", None),
+        (["amp", "optimizer.lr", "dataloader.num_workers=2"], "val_loss", None),
     ],
 )
 def test_which_swept_keys_make_a_metric_another_quantity(keys, metric, why):

@@ -67,7 +67,8 @@ def higher_is_better(metric: str, modes: Mapping[str, str] | None = None) -> boo
 
 def incomparable(metric: str, keys: Iterable[str], terms: Collection[str] = ()) -> str | None:
     """Why `metric` is not the same quantity in two configs whose overrides differ in `keys`
-    (`objective`, `+objective.gamma`, `data.val_size` ...), or None where it is.
+    (overrides or their keys: `objective=focal`, `+objective.gamma`, `data.val_size` ...), or
+    None where it is.
 
     - A data key (`data`, `data.*` but DATA_KEYS_KEEPING_SPLITS) changes the images or labels
       of the splits (their source, size, count, classes or share): every split's column then
@@ -75,7 +76,7 @@ def incomparable(metric: str, keys: Iterable[str], terms: Collection[str] = ()) 
     - An objective key (`objective`, `objective.*`) changes what the loss and the objective's
       terms measure, in every split: the total, `terms` (the names the jobs' train_<term>
       columns show) and every train_ column but the time. Accuracy and the metrics group's
-      scores count the same predictions right under any objective: they stay comparable.
+      scores judge predictions the same way under any objective: they stay comparable.
     Times and numbers of no split stay comparable. The training augmentation (`augment.*`)
     counts as neither: val_ and test_ columns are the same quantity, and train_ columns change
     with it as they do with any other training setting.
@@ -83,27 +84,21 @@ def incomparable(metric: str, keys: Iterable[str], terms: Collection[str] = ()) 
     split, name = _split_and_name(metric)
     if not split:
         return None
-    roots = {key.lstrip("+~").split("=", 1)[0] for key in keys}
-    for key in roots:
-        if key == "data" or (key.startswith("data.") and key[5:] not in DATA_KEYS_KEEPING_SPLITS):
+    names = {key.lstrip("+~").split("=", 1)[0] for key in keys}
+    for key in names:
+        # A key outside data. comes back from removeprefix as it is, which ends the test.
+        if key == "data" or key.removeprefix("data.") not in (key, *DATA_KEYS_KEEPING_SPLITS):
             return "the data differ"
     is_term = split == "train_" or name == TOTAL or name in terms
-    if is_term and any(key == "objective" or key.startswith("objective.") for key in roots):
+    if is_term and any(key == "objective" or key.startswith("objective.") for key in names):
         return "the objective differs"
     return None
 
 
 def verdict(
-    metric: str,
-    ci_low: float,
-    ci_high: float,
-    a: str = "a",
-    b: str = "b",
-    *,
-    keys: Iterable[str] = (),
-    terms: Collection[str] = (),
-    modes: Mapping[str, str] | None = None,
-) -> Verdict:
+    metric: str, ci_low: float, ci_high: float, a: str = "a", b: str = "b", *,
+    keys: Iterable[str] = (), terms: Collection[str] = (), modes: Mapping[str, str] | None = None,
+) -> Verdict:  # fmt: skip
     """What the interval [ci_low, ci_high] of metric(b) - metric(a) says of the configs named `a`
     and `b`: "<b> better than <a>" (or the reverse) where it excludes 0, by the metric's
     direction (`higher_is_better`); "<b> higher than <a>" where that is not known;
