@@ -135,7 +135,7 @@ def _monitor(folder: Path) -> tuple[str, str] | None:
     try:
         trainer = (yaml.safe_load((folder / ".hydra" / "config.yaml").read_text()) or {})["trainer"]
         return str(trainer["monitor"]), str(trainer["monitor_mode"])
-    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, RecursionError):
         return None
 
 
