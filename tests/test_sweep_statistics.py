@@ -16,7 +16,7 @@ from scipy import stats
 
 from hydra_plugins.repro.adaptive_seeds import AdaptiveSeeds, Rule, look
 from repro.errors import ConfigError, UserError
-from repro.sweeps import report
+from repro.sweeps import report, verdict
 from repro.sweeps.stats import difference_of_means, paired_difference
 
 from conftest import IMAGEFOLDER, make_image_tree, run_cli, tiny
@@ -300,3 +300,135 @@ def test_a_look_stops_on_the_intervals_width_not_its_half_width():
     between = Rule("val_loss", round=2, budget=6, target_width=width * 0.75, confidence=0.95)
     assert "narrower than" in look(differences, wider)[1]
     assert look(differences, between)[1] is None  # the half-width is below it; the width is not
+
+
+# ---- the unit: the verdicts (fast, in-process) ---------------------------------------------
+
+
+def paired_sweep(sweep_dir, configs, a_values, b_values):
+    """Jobs 2s (config a) and 2s + 1 (config b) under seed s; `*_values`: seed -> summary."""
+    for seed, (a, b) in enumerate(zip(a_values, b_values, strict=True)):
+        fake_job(sweep_dir, 2 * seed, [configs[0], f"seed.value={seed}"], seed, **a)
+        fake_job(sweep_dir, 2 * seed + 1, [configs[1], f"seed.value={seed}"], seed, **b)
+    (comparison,) = report.build(sweep_dir).comparisons
+    return comparison
+
+
+NOISE = [0.004, -0.006, 0.001, 0.005, -0.003, -0.002]  # b - a about 0: an interval holding 0
+
+
+def test_the_verdict_names_the_better_group_by_the_metrics_direction(tmp_path):
+    # bf16 (b) has the higher val_acc and the higher val_loss: better by one, worse by the other.
+    a_values = [{"val_acc": x, "val_loss": 1.0 - x, "train_loss": 0.5} for x in A]
+    b_values = [
+        {"val_acc": x, "val_loss": 1.05 - a + n, "train_loss": 0.5 + n}
+        for x, a, n in zip(B, A, NOISE, strict=True)
+    ]
+    got = paired_sweep(tmp_path, ["amp=off", "amp=bf16"], a_values, b_values)
+    assert got["val_acc"]["ci_low"] > 0 and got["val_loss"]["ci_low"] > 0  # both b - a > 0
+    assert (got["val_acc"]["verdict"], got["val_acc"]["better"]) == (
+        "amp=bf16 better than amp=off", "b",
+    )  # fmt: skip
+    assert (got["val_loss"]["verdict"], got["val_loss"]["better"]) == (
+        "amp=off better than amp=bf16", "a",
+    )  # fmt: skip
+    assert got["train_loss"]["ci_low"] < 0 < got["train_loss"]["ci_high"]
+    assert (got["train_loss"]["verdict"], got["train_loss"]["better"]) == (
+        "no difference shown", None,
+    )  # fmt: skip
+    built = report.build(tmp_path)
+    text = report.markdown(built)
+    assert "| Welch 95% CI | verdict |" in text
+    assert re.search(r"\| val_acc \|.*\| amp=bf16 better than amp=off \|\n", text)
+    assert re.search(r"\| train_loss \|.*\| no difference shown \|\n", text)
+    report.write(built)
+    written = json.loads((tmp_path / "sweep_summary.json").read_text())["comparisons"][0]
+    assert written["val_loss"]["verdict"] == "amp=off better than amp=bf16"
+
+
+def test_losses_under_two_objectives_are_not_compared_and_accuracy_still_is(tmp_path):
+    swept = ["objective=cross_entropy", "objective=focal"]
+    a_values = [{"val_acc": x, "val_loss": 1.0, "train_loss": 1.0, "val_top5": 0.9} for x in A]
+    b_values = [
+        {"val_acc": x, "val_loss": 0.3 + n, "train_loss": 0.3 + n, "val_top5": 0.9 + n}
+        for x, n in zip(B, NOISE, strict=True)
+    ]
+    got = paired_sweep(tmp_path, swept, a_values, b_values)
+    assert got["val_loss"]["ci_high"] < 0  # a clear difference, of two other quantities
+    for loss in ("val_loss", "train_loss"):
+        assert (got[loss]["verdict"], got[loss]["better"]) == (
+            "not comparable: the objective differs", None,
+        )  # fmt: skip
+    assert got["val_acc"]["verdict"] == "objective=focal better than objective=cross_entropy"
+    assert got["val_top5"]["verdict"] == "no difference shown"  # a score, not a loss
+    text = report.markdown(report.build(tmp_path))
+    assert re.search(r"\| val_loss \|.*\| not comparable: the objective differs \|\n", text)
+
+
+@pytest.mark.parametrize(
+    ("keys", "metric", "why"),
+    [
+        (["objective"], "val_loss", "the objective differs"),
+        (["+objective.gamma"], "test_loss", "the objective differs"),
+        (["objective._target_"], "best_val_loss", "the objective differs"),
+        (["objective"], "ema_val_logit_penalty", "the objective differs"),  # a term (`terms`)
+        (["objective"], "train_logit_penalty", "the objective differs"),  # every train_ column
+        (["objective"], "val_acc", None),
+        (["objective"], "val_f1", None),
+        (["objective"], "train_s", None),  # a time
+        (["data"], "val_acc", "the data differ"),
+        (["data.val_size"], "test_acc", "the data differ"),
+        (["data.root"], "train_loss", "the data differ"),
+        (["data"], "wall_s", None),
+        (["data.cache", "data.augment", "data.mean"], "val_acc", None),  # the same images
+        (["augment.mixup_alpha"], "val_loss", None),
+        (["amp", "optimizer.lr", "dataloader.num_workers=2"], "val_loss", None),
+    ],
+)
+def test_which_swept_keys_make_a_metric_another_quantity(keys, metric, why):
+    assert verdict.incomparable(metric, keys, terms={"logit_penalty"}) == why
+
+
+def test_a_columns_direction_comes_from_its_name_else_from_the_monitor_mode(tmp_path):
+    assert verdict.verdict("val_loss", -0.2, -0.1).verdict == "b better than a"
+    assert verdict.verdict("test_acc", -0.2, -0.1).verdict == "a better than b"
+    assert verdict.verdict("wall_s", 1.0, 2.0).verdict == "a better than b"
+    assert verdict.verdict("val_class_acc_3", 0.1, 0.2).verdict == "b better than a"
+    assert verdict.verdict("val_acc", 0.0, 0.0).verdict == "no difference shown"  # no spread
+    unknown = verdict.verdict("val_margin", -0.2, -0.1, "x", "y")
+    assert unknown.as_dict() == {
+        "better": None, "verdict": "x higher than y (which is better is not known)",
+    }  # fmt: skip
+    # A column the jobs monitored takes trainer.monitor_mode, as best.pt did.
+    a_values = [{"val_margin": 0.5} for _ in A]
+    b_values = [{"val_margin": 0.6 + n} for n in NOISE]
+    got = paired_sweep(tmp_path, ["amp=off", "amp=bf16"], a_values, b_values)
+    assert (
+        got["val_margin"]["verdict"]
+        == "amp=bf16 higher than amp=off (which is better is not known)"
+    )
+    for job in tmp_path.glob("*/.hydra"):
+        trainer = {"monitor": "val_margin", "monitor_mode": "min"}
+        (job / "config.yaml").write_text(yaml.safe_dump({"trainer": trainer}))
+    (comparison,) = report.build(tmp_path).comparisons
+    assert comparison["val_margin"]["verdict"] == "amp=off better than amp=bf16"
+    (tmp_path / "0" / ".hydra" / "config.yaml").write_text("trainer: [damaged")
+    (comparison,) = report.build(tmp_path).comparisons  # one job that does not say: still known
+    assert comparison["val_margin"]["better"] == "a"
+
+
+def test_the_adaptive_sweeper_says_better_and_refuses_a_metric_the_swept_key_changes(tmp_path):
+    rule = Rule("val_acc", round=2, budget=6, target_width=None, confidence=0.95)
+    _, why = look([-0.03, -0.028, -0.031, -0.027], rule)
+    assert why.endswith("excludes 0: b gives the lower val_acc (a better than b)")
+    sweeper = sweeper_over(tmp_path, metric="val_loss")
+    sweeper.configs = ["objective=cross_entropy", "objective=focal"]
+    allowed = "objective changes it: the objective differs"
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"hydra.sweeper.metric='val_loss' is not allowed: a metric both configs measure alike; {allowed}"
+        ),
+    ):
+        sweeper._check_metric()
+    sweeper_over(tmp_path, metric="val_acc")._check_metric()  # accuracy: the same quantity

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro.errors import ConfigError, UserError, exit_with
 from repro.files import write_json_atomic, write_text_atomic
-from repro.sweeps import DECISION_FILE
+from repro.sweeps import DECISION_FILE, verdict
 from repro.sweeps.report import number, read_job
 from repro.sweeps.stats import summarize
 
@@ -87,9 +87,10 @@ def look(differences: list[float], rule: Rule) -> tuple[dict[str, Any], str | No
         f"the {rule.look_confidence:.2%} interval of {rule.metric}(b) - {rule.metric}(a), "
         f"[{s.ci_low:.4g}, {s.ci_high:.4g}],"
     )
-    if s.ci_low > 0 or s.ci_high < 0:
-        side = "higher" if s.ci_low > 0 else "lower"
-        return seen, f"{where} excludes 0: b gives the {side} {rule.metric}"
+    if side := verdict.side(s.ci_low, s.ci_high):
+        said = verdict.verdict(rule.metric, s.ci_low, s.ci_high)  # the report's words
+        better = f" ({said.verdict})" if said.better else ""  # where the direction is known
+        return seen, f"{where} excludes 0: b gives the {side} {rule.metric}{better}"
     if rule.target_width is not None and s.ci_high - s.ci_low < rule.target_width:
         width = f"hydra.sweeper.target_width={rule.target_width}"
         return seen, f"{where} holds 0 and is narrower than {width}: no difference that large"
@@ -128,6 +129,7 @@ class AdaptiveSeeds(Sweeper):
             if subdir != "${hydra.job.num}":  # a job's number names its folder
                 raise ConfigError("hydra.sweep.subdir", subdir, "${hydra.job.num}, the default")
             self.shared, self.configs = self._two_configs(arguments)
+            self._check_metric()
             decision = self._run()
         except UserError as error:
             exit_with(error)
@@ -156,6 +158,14 @@ class AdaptiveSeeds(Sweeper):
                 + " ".join(arguments)
             )
         return shared, swept[0]
+
+    def _check_metric(self) -> None:
+        """Refuse a metric that the swept key changes the meaning of (val_loss under two
+        objectives): seeds cannot resolve a difference between two other quantities."""
+        key = self.configs[0].split("=", 1)[0]
+        if why := verdict.incomparable(self.rule.metric, [key]):
+            allowed = f"a metric both configs measure alike; {key} changes it: {why}"
+            raise ConfigError("hydra.sweeper.metric", self.rule.metric, allowed)
 
     @property
     def _again(self) -> str:

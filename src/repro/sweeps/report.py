@@ -4,7 +4,8 @@ A group is the set of a job's overrides other than the seed, minus those shared 
 (so `-m seed=0,1,2 amp=off,bf16` gives the groups `amp=off` and `amp=bf16`). Failed jobs are
 listed with their error line and left out of the statistics, and so are jobs an Optuna search
 pruned (their summary says `pruned`). Two groups that ran the same seeds are compared seed by
-seed (paired), others by Welch's interval (`compare`).
+seed (paired), others by Welch's interval (`compare`), and each difference gets a verdict
+(`repro.sweeps.verdict`): which group is better, no difference shown, or not comparable.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from repro.files import write_text_atomic
 from repro.guards.text import for_csv, for_terminal
 from repro.sweeps import DECISION_FILE, ERROR_FILE
 from repro.sweeps.stats import difference_of_means, paired_difference, summarize
+from repro.sweeps.verdict import TIMES, verdict
 from repro.watch.loggers import save_figure_atomic
 
 # The metrics shown first, in this order; test_acc and test_loss only where the jobs tested
@@ -42,6 +44,7 @@ class Job:
     summary: dict[str, Any] | None
     error: str | None
     group: str = ""
+    monitor: tuple[str, str] | None = None  # (trainer.monitor, trainer.monitor_mode)
 
     @property
     def ok(self) -> bool:
@@ -122,7 +125,18 @@ def read_job(folder: Path) -> Job:
         error = "no summary.json (the job was killed or is still running)"
     elif not summary.get("completed", True):
         error = f"stopped at step {summary.get('step')} (signal {summary.get('stopped_by_signal')})"
-    return Job(folder.name, list(overrides), summary, error)
+    return Job(folder.name, list(overrides), summary, error, monitor=_monitor(folder))
+
+
+def _monitor(folder: Path) -> tuple[str, str] | None:
+    """The job's (trainer.monitor, trainer.monitor_mode): which side of its monitored column
+    the user called better. None where .hydra/config.yaml does not say (its absence or damage
+    costs the report only that)."""
+    try:
+        trainer = (yaml.safe_load((folder / ".hydra" / "config.yaml").read_text()) or {})["trainer"]
+        return str(trainer["monitor"]), str(trainer["monitor_mode"])
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, RecursionError):
+        return None
 
 
 def _newer(path: Path, than: Path) -> bool:
@@ -166,7 +180,28 @@ def build(sweep_dir: Path, metrics: Sequence[str] = ()) -> Report:
         report.comparisons.append(
             {"a": a, "b": b, **{m: compare(values[a][m], values[b][m]) for m in both}}
         )
+    _judge(report)
     return report
+
+
+def _judge(report: Report) -> None:
+    """Each comparison's verdict per metric (repro.sweeps.verdict), from the keys of the
+    overrides in which its two groups differ, the objective's terms (train_<term> columns) and
+    the monitor modes the jobs agree on."""
+    overrides: dict[str, set[str]] = {}
+    for job in (j for j in report.jobs if j.counted):
+        overrides.setdefault(job.group, set()).update(o for o in job.overrides if not _is_seed(o))
+    terms = {m.removeprefix("train_") for m in report.metrics if m.startswith("train_")}
+    terms -= {t.removeprefix("train_") for t in TIMES}
+    pairs = {job.monitor for job in report.jobs if job.counted and job.monitor}
+    modes = {m: mode for m, mode in pairs if [n for n, _ in pairs].count(m) == 1}
+    for comp in report.comparisons:
+        keys = overrides[comp["a"]] ^ overrides[comp["b"]]
+        for metric in (m for m in report.metrics if m in comp):
+            d = comp[metric]
+            said = verdict(metric, d["ci_low"], d["ci_high"], comp["a"], comp["b"],
+                           keys=keys, terms=terms, modes=modes)  # fmt: skip
+            d.update(said.as_dict())
 
 
 def compare(a: list[tuple[Any, float]], b: list[tuple[Any, float]]) -> dict[str, Any]:
@@ -220,15 +255,15 @@ def markdown(report: Report) -> str:
             )
     if report.comparisons:
         lines += ["", "## Differences (b - a, 95% CI: paired over shared seeds, else Welch)", ""]
-        lines += ["| a | b | metric | difference | 95% CI | test | Welch 95% CI |"]
-        lines += ["|---|---|---|---|---|---|---|"]
+        lines += ["| a | b | metric | difference | 95% CI | test | Welch 95% CI | verdict |"]
+        lines += ["|---|---|---|---|---|---|---|---|"]
         for comp in report.comparisons:
             for metric in (m for m in report.metrics if m in comp):
                 d, w = comp[metric], comp[metric]["welch"]
                 cis = [f"[{_fmt(x['ci_low'])}, {_fmt(x['ci_high'])}]" for x in (d, w)]
                 lines.append(
                     f"| {comp['a']} | {comp['b']} | {metric} | {_fmt(d['difference'])} | "
-                    f"{cis[0]} | {d['test']} | {cis[1]} |"
+                    f"{cis[0]} | {d['test']} | {cis[1]} | {d['verdict']} |"
                 )
     lines += ["", "## Jobs", ""]
     lines += ["| job | group | seed | val_acc | test_acc | weights_sha256 | status |"]
