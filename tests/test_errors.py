@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from hydra.errors import HydraException
 from torch import nn
 
+import repro.train
 from repro import build, config
 from repro.engine.losses import NonFiniteLossError, PendingLosses
 from repro.engine.position import Position
@@ -16,7 +19,7 @@ from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime.distributed import Context
 from repro.runtime.precision import Precision
 
-from conftest import compose_config, run_cli, tiny, train_in_process
+from conftest import CONF, compose_config, run_cli, tiny, train_in_process
 
 # Values the template itself refuses: in this process, as `train` raises them.
 REFUSED = {
@@ -28,8 +31,8 @@ REFUSED = {
         ["data.root=/no/such/folder", "expected a folder holding train/"],
     ),
     "fp16 on cpu": (["amp=fp16", "trainer.device=cpu"], ["amp='fp16'", "allowed here: off"]),
-    "misspelt added key": (["+trainer.epocs=3"], ["trainer.epocs=3", "closest is trainer.epochs"]),
-    "misspelt added section": (["+trainr.epochs=3"], ["trainr=", "closest is trainer"]),
+    "misspelt added key": (["+trainer.epocs=3"], ["trainer.epocs=3", "mean trainer.epochs?"]),
+    "misspelt added section": (["+trainr.epochs=3"], ["trainr=", "did you mean trainer?"]),
     "warm-up longer than the run": (
         ["scheduler.warmup=1.5"],
         ["scheduler.warmup=1.5", "in [0, 1)"],
@@ -85,6 +88,35 @@ def test_a_config_hydra_cannot_compose_names_the_override(case):
     message = f"{raised.value}\n{raised.value.__cause__ or ''}"  # what Hydra prints
     for text in expected:
         assert text in message, f"{text!r} not in {message}"
+
+
+# Keys the config lacks: Hydra says so in several lines; the command line says it in one.
+UNKNOWN_KEYS = {
+    "objective.label_smothing=0.1": "objective.label_smothing: not a key of objective; "
+    "did you mean objective.label_smoothing?",
+    "trainer.epoch=3": "trainer.epoch: not a key of trainer; did you mean trainer.epochs?",
+    "trainr.epochs=3": "trainr: not a key of the config; did you mean trainer?",
+    "callbacks.x=1": "callbacks.x: callbacks has no keys yet; add one with +callbacks.x",
+}
+
+
+@pytest.mark.parametrize("override", UNKNOWN_KEYS)
+def test_an_unknown_key_on_the_command_line_is_one_line_naming_the_closest(
+    override, tmp_path, monkeypatch, capsys
+):
+    # In this process Hydra cannot find conf/ from the module; the command line names it.
+    argv = [
+        "repro.train",
+        f"--config-path={CONF}",
+        *tiny(override),
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited, config.one_line_composition_errors():
+        repro.train.main()  # as `python -m repro.train` runs it
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"error: {UNKNOWN_KEYS[override]}\n"
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.e2e
