@@ -13,7 +13,7 @@ import repro.train
 from repro import build, config
 from repro.engine.losses import NonFiniteLossError, PendingLosses
 from repro.engine.position import Position
-from repro.errors import UserError, one_line
+from repro.errors import ConfigError, UserError, one_line
 from repro.runs.checkpoint import load
 from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime.distributed import Context
@@ -172,6 +172,33 @@ def test_the_losses_before_a_non_finite_one_are_logged_and_their_sums_left_alone
         pending.flush(position, nn.Linear(1, 1))
     assert [(row.step, float(row.loss)) for row in log.read()] == [(11, 1.0), (12, 2.0)]
     assert position.loss_count == 0
+
+
+def test_an_argument_the_objective_does_not_take_is_refused_before_any_data_loads(
+    tmp_path, monkeypatch
+):
+    def no_data(*args: object) -> None:
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr(build, "splits", no_data)
+    with pytest.raises(ConfigError) as raised:
+        train_in_process(tmp_path, *tiny("+objective.gama=3"))
+    assert str(raised.value) == (
+        "objective.gama=3 is not allowed: not an argument of repro.objectives.CrossEntropy, "
+        "which takes label_smoothing"
+    )
+
+
+class TakesAnyArguments:
+    """An objective taking **kwargs: the config may give it any argument."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.kwargs = kwargs
+
+
+def test_an_objective_taking_any_argument_takes_added_keys():
+    target = f"objective._target_={__name__}.TakesAnyArguments"
+    config.validate(compose_config(*tiny(target, "+objective.gama=3")))
 
 
 def test_keys_added_to_free_form_nodes_are_accepted():

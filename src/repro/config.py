@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import fields, is_dataclass
 from typing import Any
@@ -184,6 +185,8 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             raise ConfigError(key, value, f"{'null or ' if nullable else ''}in {interval}")
     for group in ("callbacks", "components", "metrics"):
         _check_plugged_in(group, cfg.get(group))
+    # Built only once the data has loaded: `+objective.gama=3` would be refused that late.
+    _check_arguments("objective", cfg.get("objective"))
     if cfg.seed.mode == "fixed" and cfg.seed.value is None:
         raise ConfigError(
             "seed.value", None, "an integer >= 0 with seed=fixed (or use seed=random)"
@@ -277,6 +280,29 @@ def _check_plugged_in(group: str, nodes: Any) -> None:
             raise ConfigError(
                 f"{group}.{name}", node, "a class given by _target_ (and its arguments)"
             )
+
+
+def _check_arguments(key: str, node: Any) -> None:
+    """Every key of a `_target_` node names an argument its target takes (any does, for a
+    target taking **kwargs). A target that cannot be imported or inspected is left to its
+    build, which says why in one line."""
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        return
+    from hydra.utils import get_object
+
+    try:
+        parameters = inspect.signature(get_object(node._target_)).parameters.values()
+    except Exception:  # an import error, or a builtin without a signature
+        return
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = [parameter.name for parameter in parameters if parameter.kind in named]
+    for name in node:
+        if not str(name).startswith("_") and name not in takes:  # _target_, _partial_: Hydra's
+            takes_text = ", ".join(takes) or "no arguments"
+            allowed = f"not an argument of {node._target_}, which takes {takes_text}"
+            raise ConfigError(f"{key}.{name}", node[name], allowed)
 
 
 MONITORED = ("val_", "ema_val_")  # an evaluation's columns: accuracy, objective's terms, metrics
