@@ -122,7 +122,11 @@ def test_an_unknown_key_on_the_command_line_is_one_line_naming_the_closest(
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     ("overrides", "expected"),
-    [(["amp=fp61"], "Could not find 'amp/fp61'"), (["trainer.batch_size=0"], "error: trainer")],
+    [
+        (["amp=fp61"], "Could not find 'amp/fp61'"),
+        (["trainer.batch_size=0"], "error: trainer"),
+        (["objective.gama=3"], "error: objective.gama: not a key of objective; did you mean"),
+    ],
 )
 @pytest.mark.slow
 def test_on_the_command_line_a_mistake_is_a_message_without_traceback(
