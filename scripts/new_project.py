@@ -177,27 +177,50 @@ def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def pinned_ruff(dest: Path) -> str:
+    """The ruff that `uv tool run` should fetch: the version the project's uv.lock pins (the one
+    its `make lint` and CI check with), or the newest where the lock has none."""
+    lock = dest / "uv.lock"
+    text = lock.read_text(encoding="utf-8") if lock.is_file() else ""
+    found = re.search(r'\nname = "ruff"\nversion = "([^"]+)"', text)
+    return f"ruff@{found.group(1)}" if found else "ruff"
+
+
+def ruff_commands(dest: Path) -> list[list[str]]:
+    """The ways to run ruff here, the pinned version first: this interpreter's (the template's
+    venv pins it); else `uv tool run` fetching the version uv.lock pins, since before `make
+    setup` there is no venv and no ruff, but there is uv (setup needs it), and PyPI or uv's
+    cache; last a ruff on PATH, whose version may format otherwise than the pinned one."""
+    commands = [[sys.executable, "-m", "ruff"]] if has_module("ruff") else []
+    uv = shutil.which("uv")
+    if uv:
+        commands.append([uv, "tool", "run", "--quiet", pinned_ruff(dest)])
+    found = shutil.which("ruff")
+    return commands + ([[found]] if found else [])
+
+
 def format_code(dest: Path) -> str | None:
-    """Format the renamed Python files with the project's own ruff settings: a longer name
-    pushes lines past the line length, and `make lint` checks the format. Returns a note when
-    no ruff is at hand (it is in the dev extra: `make format` then does it)."""
+    """Format the renamed Python files with the project's own ruff settings: another name's
+    length moves lines past the line length or lets them join, and `make lint` (the project's
+    CI) checks the format. Returns a note when no ruff could be run (`make format` then does
+    it, once `make setup` has installed ruff)."""
     folders = [
         folder for folder in ("src", "tests", "scripts", "benchmarks") if (dest / folder).is_dir()
     ]
-    # This interpreter's ruff first (the template's venv pins its version), then one on PATH.
-    found = shutil.which("ruff")
-    ruff = [sys.executable, "-m", "ruff"] if has_module("ruff") else [found or "ruff"]
     # The import order too: it sorts by the package's name.
-    for step in (["format", "--quiet"], ["check", "--quiet", "--fix", "--select", "I"]):
+    steps = (["format", "--quiet"], ["check", "--quiet", "--fix", "--select", "I"])
+    for ruff in ruff_commands(dest):
         try:
-            done = subprocess.run(
-                [*ruff, *step, "--no-cache", *folders], cwd=dest, capture_output=True, text=True
-            )
-        except OSError:
-            done = None
-        if done is None or done.returncode != 0:
-            return "ruff could not format the code (it comes with `make setup`): run `make format`"
-    return None
+            done = [
+                subprocess.run([*ruff, *step, "--no-cache", *folders], cwd=dest,
+                               capture_output=True, text=True, timeout=300).returncode
+                for step in steps
+            ]  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):  # gone, or uv waiting on a network
+            continue
+        if done == [0, 0]:
+            return None
+    return "ruff could not format the code (it comes with `make setup`): run `make format`"
 
 
 def initial_commit(dest: Path) -> None:

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from hydra.errors import HydraException
 from torch import nn
 
+import repro.train
 from repro import build, config
 from repro.engine.losses import NonFiniteLossError, PendingLosses
 from repro.engine.position import Position
-from repro.errors import UserError, one_line
+from repro.errors import ConfigError, UserError, one_line
 from repro.runs.checkpoint import load
 from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime.distributed import Context
 from repro.runtime.precision import Precision
 
-from conftest import compose_config, run_cli, tiny, train_in_process
+from conftest import CONF, compose_config, run_cli, tiny, train_in_process
 
 # Values the template itself refuses: in this process, as `train` raises them.
 REFUSED = {
@@ -28,8 +31,8 @@ REFUSED = {
         ["data.root=/no/such/folder", "expected a folder holding train/"],
     ),
     "fp16 on cpu": (["amp=fp16", "trainer.device=cpu"], ["amp='fp16'", "allowed here: off"]),
-    "misspelt added key": (["+trainer.epocs=3"], ["trainer.epocs=3", "closest is trainer.epochs"]),
-    "misspelt added section": (["+trainr.epochs=3"], ["trainr=", "closest is trainer"]),
+    "misspelt added key": (["+trainer.epocs=3"], ["trainer.epocs=3", "mean trainer.epochs?"]),
+    "misspelt added section": (["+trainr.epochs=3"], ["trainr=", "did you mean trainer?"]),
     "warm-up longer than the run": (
         ["scheduler.warmup=1.5"],
         ["scheduler.warmup=1.5", "in [0, 1)"],
@@ -87,10 +90,43 @@ def test_a_config_hydra_cannot_compose_names_the_override(case):
         assert text in message, f"{text!r} not in {message}"
 
 
+# Keys the config lacks: Hydra says so in several lines; the command line says it in one.
+UNKNOWN_KEYS = {
+    "objective.label_smothing=0.1": "objective.label_smothing: not a key of objective; "
+    "did you mean objective.label_smoothing?",
+    "trainer.epoch=3": "trainer.epoch: not a key of trainer; did you mean trainer.epochs?",
+    "trainr.epochs=3": "trainr: not a key of the config; did you mean trainer?",
+    "callbacks.x=1": "callbacks.x: callbacks has no keys yet; add one with +callbacks.x",
+}
+
+
+@pytest.mark.parametrize("override", UNKNOWN_KEYS)
+def test_an_unknown_key_on_the_command_line_is_one_line_naming_the_closest(
+    override, tmp_path, monkeypatch, capsys
+):
+    # In this process Hydra cannot find conf/ from the module; the command line names it.
+    argv = [
+        "repro.train",
+        f"--config-path={CONF}",
+        *tiny(override),
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited, config.one_line_composition_errors():
+        repro.train.main()  # as `python -m repro.train` runs it
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"error: {UNKNOWN_KEYS[override]}\n"
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     ("overrides", "expected"),
-    [(["amp=fp61"], "Could not find 'amp/fp61'"), (["trainer.batch_size=0"], "error: trainer")],
+    [
+        (["amp=fp61"], "Could not find 'amp/fp61'"),
+        (["trainer.batch_size=0"], "error: trainer"),
+        (["objective.gama=3"], "error: objective.gama: not a key of objective; did you mean"),
+    ],
 )
 @pytest.mark.slow
 def test_on_the_command_line_a_mistake_is_a_message_without_traceback(
@@ -140,6 +176,33 @@ def test_the_losses_before_a_non_finite_one_are_logged_and_their_sums_left_alone
         pending.flush(position, nn.Linear(1, 1))
     assert [(row.step, float(row.loss)) for row in log.read()] == [(11, 1.0), (12, 2.0)]
     assert position.loss_count == 0
+
+
+def test_an_argument_the_objective_does_not_take_is_refused_before_any_data_loads(
+    tmp_path, monkeypatch
+):
+    def no_data(*args: object) -> None:
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr(build, "splits", no_data)
+    with pytest.raises(ConfigError) as raised:
+        train_in_process(tmp_path, *tiny("+objective.gama=3"))
+    assert str(raised.value) == (
+        "objective.gama=3 is not allowed: not an argument of repro.objectives.CrossEntropy, "
+        "which takes label_smoothing"
+    )
+
+
+class TakesAnyArguments:
+    """An objective taking **kwargs: the config may give it any argument."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.kwargs = kwargs
+
+
+def test_an_objective_taking_any_argument_takes_added_keys():
+    target = f"objective._target_={__name__}.TakesAnyArguments"
+    config.validate(compose_config(*tiny(target, "+objective.gama=3")))
 
 
 def test_keys_added_to_free_form_nodes_are_accepted():

@@ -232,3 +232,31 @@ def test_a_longer_name_still_passes_lint(project):
         done = subprocess.run([sys.executable, "-m", "ruff", *check, "src", "tests", "scripts"],
                               cwd=project, capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:]
+
+
+@pytest.mark.e2e
+def test_a_project_made_before_make_setup_still_passes_the_format_check(tmp_path):
+    """With no ruff at hand (no venv yet, none on PATH) the generator runs the ruff uv.lock pins
+    through uv, so the lines a shorter name lets join are joined, and `make lint` passes."""
+    path = os.pathsep.join(
+        folder for folder in os.environ["PATH"].split(os.pathsep)
+        if not (Path(folder) / "ruff").exists()
+    )  # fmt: skip
+    uv = shutil.which("uv", path=path)
+    if uv is None:
+        pytest.skip("no uv on PATH but beside a ruff")
+    pinned = re.search(r'\nname = "ruff"\nversion = "([^"]+)"', (ROOT / "uv.lock").read_text())
+    assert pinned, "uv.lock pins ruff"
+    fetch = [uv, "tool", "run", f"ruff@{pinned.group(1)}", "--version"]
+    if subprocess.run(fetch, capture_output=True, timeout=300).returncode != 0:
+        pytest.skip("uv cannot fetch ruff here (offline, no cache)")
+    dest = tmp_path / "lab"  # shorter than the template's name: lines join
+    # -S: no site-packages, so no ruff module either, as with a system Python before setup.
+    command = [sys.executable, "-S", str(SCRIPT), "lab", "--dest", str(dest)]
+    done = subprocess.run(command, env={**os.environ, "PATH": path}, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "note:" not in done.stdout, done.stdout + done.stderr
+    folders = ["src", "tests", "scripts", "benchmarks"]
+    check = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", *folders],
+                           cwd=dest, capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout[-2000:]

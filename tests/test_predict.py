@@ -11,7 +11,7 @@ import pytest
 from repro import evaluate
 from repro.errors import ConfigError, DataError
 from repro.predict import predict_files
-from repro.runs.restore import output_file, write_result
+from repro.runs.restore import checkpoint_file, output_file, write_result
 
 from conftest import IMAGEFOLDER, SHAPES, make_image_tree, run_cli, train_in_process
 
@@ -39,6 +39,17 @@ def test_predictions_name_the_classes_and_agree_with_evaluate(trained):
     (among,) = [row for row in rows if row["path"] == str(path)]
     assert alone["class"] == among["class"]
     assert alone["probability"] == pytest.approx(among["probability"], abs=1e-4)
+
+
+def test_evaluate_and_predict_take_a_run_folder_as_export_does(trained):
+    ckpt, images = trained
+    run_dir = ckpt.parents[1]
+    tested = checkpoint_file(run_dir)  # the weights the run tested: its best
+    assert tested == run_dir / "checkpoints" / "best.pt"
+    scores = evaluate.evaluate_checkpoint(run_dir, split="val")
+    assert scores == evaluate.evaluate_checkpoint(tested, split="val")
+    bars = images / "val" / "bar"
+    assert predict_files(run_dir, bars) == predict_files(tested, bars)
 
 
 @pytest.mark.slow

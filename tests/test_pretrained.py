@@ -156,6 +156,19 @@ def test_a_missing_weights_file_is_refused_in_one_line(tmp_path):
         build.model(cfg, 0)
 
 
+def test_a_file_that_holds_no_weights_is_refused_in_one_line_saying_what_is(tmp_path):
+    text = tmp_path / "hostname"
+    text.write_text("myhost\n")  # as /etc/hostname
+    cfg = compose_config("model=timm", f"model.pretrained={text}")
+    with pytest.raises(ConfigError) as raised:
+        build.model(cfg, 0)
+    assert str(raised.value) == (
+        f"model.pretrained='{text}' is not allowed: true, false or the path of a weights file: "
+        "a state_dict saved by torch.save (.pth, .pt, .bin) or a .safetensors file; "
+        "torch.load cannot read this file"
+    )
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_an_unknown_timm_model_ends_in_one_line_and_exit_status_2(tmp_path):

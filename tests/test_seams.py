@@ -173,6 +173,35 @@ def test_a_callback_that_cannot_be_built_is_one_line_naming_it(nodes, key):
     assert callbacks.build(OmegaConf.create({"off": None})).named == {}  # null turns one off
 
 
+class StateOnly:
+    """A would-be component that keeps its state but is never called by the loop."""
+
+    def __init__(self, model, total_steps) -> None:
+        self.steps = total_steps
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
+def test_a_callback_or_component_the_loop_would_never_call_is_refused_naming_its_target():
+    with pytest.raises(ConfigError) as caught:
+        callbacks.build(OmegaConf.create({"x": {"_target_": "builtins.print"}}))
+    assert str(caught.value) == (
+        "callbacks.x._target_='builtins.print' is not allowed: a class with a callback method "
+        "(at_start, before_step, after_step, extra_metrics, after_evaluation, at_checkpoint, "
+        "at_end, state_dict, load_state_dict) or __enter__; it built NoneType"
+    )
+    component = {"x": {"_target_": f"{__name__}.StateOnly"}}
+    with pytest.raises(ConfigError) as caught:
+        callbacks.build_components(OmegaConf.create(component), torch.nn.Linear(1, 1), 3)
+    assert caught.value.key == "components.x._target_" and "it built StateOnly" in str(caught.value)
+    # What the README's callback has (a hook and its state) is enough.
+    assert callbacks.build(OmegaConf.create({"w": {"_target_": f"{__name__}._Watcher"}})).get("w")
+
+
 def test_a_stored_configs_callbacks_are_never_built_so_never_refused():
     stored = {"model": {"_target_": "repro.models.small_cnn.SmallCNN"},
               "callbacks": {"mine": {"_target_": "pathlib.Path.touch"}}}  # fmt: skip

@@ -3,7 +3,8 @@
     python -m repro.train +callbacks.confusion._target_=repro.confusion.ConfusionMatrix
 
 A callback is any object with some of these methods (dispatched by name: no base class needed;
-`Callback` below documents them and does nothing):
+`Callback` below documents them and does nothing; a `_target_` that builds an object with none
+of them, nor `__enter__`, is refused: the loop would never call it):
 
 - `at_start(loop)`, `before_step(loop)`: when the loop starts; before each step's batch;
 - `after_step(loop)`: after each optimizer step; `loop.state.position` says where the run is;
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 HOOKS = ("at_start", "before_step", "after_step", "extra_metrics", "after_evaluation",
          "at_checkpoint", "at_end")  # fmt: skip
+STATE = ("state_dict", "load_state_dict")
+# What the loop calls an object through: a hook, or entering it as a context manager.
+CALLED = (*HOOKS, "__enter__")
 
 
 class Callback:
@@ -167,18 +171,33 @@ def build(
     """The template's `builtin` watchers, then `cfg.callbacks`: name -> a node with
     a `_target_` (a null node is left out, so that `callbacks.NAME=null` turns one off)."""
     built = dict(builtin or {})
-    built |= instantiated("callbacks", nodes)
-    return Callbacks(built, components)
+    found = instantiated("callbacks", nodes)
+    # Else `+callbacks.x._target_=builtins.print` (its None) is taken and never called.
+    allowed = f"a class with a callback method ({', '.join((*HOOKS, *STATE))}) or __enter__"
+    check_interface("callbacks", nodes, found, (), (*CALLED, *STATE), allowed)
+    return Callbacks(built | found, components)
 
 
 def build_components(nodes: Any, model: Any, total_steps: int) -> dict[str, Any]:
     """`cfg.components`: name -> a part of the loop built with the model and the run's length."""
     found = instantiated("components", nodes, model=model, total_steps=total_steps)
-    for name, component in found.items():
-        if not hasattr(component, "state_dict") or not hasattr(component, "load_state_dict"):
-            allowed = "a class with state_dict and load_state_dict (a resume needs its state)"
-            raise ConfigError(f"components.{name}._target_", nodes[name]._target_, allowed)
+    allowed = (
+        "a class with state_dict and load_state_dict (a resume needs its state) and a callback "
+        f"method ({', '.join(HOOKS)}) or __enter__"
+    )
+    check_interface("components", nodes, found, STATE, CALLED, allowed)
     return found
+
+
+def check_interface(
+    group: str, nodes: Any, found: dict[str, Any], every: tuple, some: tuple, allowed: str
+) -> None:
+    """Each object built for `group` has `every` method and one at least of `some`: else the
+    loop would never call it, or (a component without its state) could not resume it."""
+    for name, built in found.items():
+        if not all(hasattr(built, m) for m in every) or not any(hasattr(built, m) for m in some):
+            said = f"{allowed}; it built {type(built).__name__}"
+            raise ConfigError(f"{group}.{name}._target_", nodes[name]._target_, said)
 
 
 def instantiated(group: str, nodes: Any, **arguments: Any) -> dict[str, Any]:

@@ -7,13 +7,18 @@ allowed.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from repro.errors import ConfigError
+from repro.errors import ConfigError, UserError, exit_with
 from repro.schema import Config
 
 CHOICES = {
@@ -130,15 +135,21 @@ def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def did_you_mean(key: str, known: Any, prefix: str = "") -> str:
+    """What to say of an unknown `key`: the closest of the `known` keys (any, however far: a
+    name to check beats none), or that there are none."""
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.0)
+    return f"did you mean {prefix}{close[0]}?" if close else "there are no keys here yet"
+
+
 def _unknown_keys(node: Any, schema: type, prefix: str = "") -> tuple[str, Any, str] | None:
-    """The first key of `node` its dataclass does not declare, its value and the closest known
-    key. `+key=value` adds keys past the schema; nodes typed Any (model, optimizer, scheduler)
+    """The first key of `node` its dataclass does not declare, its value and what to say of
+    it. `+key=value` adds keys past the schema; nodes typed Any (model, optimizer, scheduler)
     and nodes with a `_target_` take any key, as their class's arguments."""
     known = {f.name: f for f in fields(schema)}
     for key in node:
         if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.0)
-            return f"{prefix}{key}", node[key], f"{prefix}{close[0]}" if close else ""
+            return f"{prefix}{key}", node[key], did_you_mean(key, known, prefix)
         child = known[key].default_factory  # a section's dataclass; MISSING for Any nodes
         if is_dataclass(child) and "_target_" not in node[key]:
             found = _unknown_keys(node[key], child, f"{prefix}{key}.")
@@ -156,8 +167,8 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
     options.check(datasets.builder(cfg.data), cfg.data)
     unknown = _unknown_keys(cfg, schema)
     if unknown:
-        key, value, closest = unknown
-        raise ConfigError(key, value, f"not a known key; the closest is {closest}")
+        key, value, hint = unknown
+        raise ConfigError(key, value, f"not a known key; {hint}")
     if cfg.get("preset") == "exact":
         _check_exact(cfg)
     for key, allowed in CHOICES.items():
@@ -178,6 +189,8 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
             raise ConfigError(key, value, f"{'null or ' if nullable else ''}in {interval}")
     for group in ("callbacks", "components", "metrics"):
         _check_plugged_in(group, cfg.get(group))
+    # Built only once the data has loaded: `+objective.gama=3` would be refused that late.
+    _check_arguments("objective", cfg.get("objective"))
     if cfg.seed.mode == "fixed" and cfg.seed.value is None:
         raise ConfigError(
             "seed.value", None, "an integer >= 0 with seed=fixed (or use seed=random)"
@@ -210,6 +223,60 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
         raise ConfigError("data.root", "???", "a folder path: this data option reads one")
 
 
+def unknown_override(error: BaseException) -> UserError | None:
+    """Hydra's several lines for an override of a key its node lacks (`objective.gama=3`), as
+    one line naming the key and the closest key of that node; None for any other error."""
+    cause = error.__cause__
+    known_kind = isinstance(cause, ConfigAttributeError | ConfigKeyError)
+    if not isinstance(error, ConfigCompositionException) or not known_kind:
+        return None
+    node, key = cause.parent_node, cause.key
+    if not isinstance(node, DictConfig) or key is None or key in node:
+        return None
+    where = str(cause.full_key).rpartition(".")[0]
+    prefix = f"{where}." if where else ""
+    if not node:  # `callbacks.x=...` where no callback is named yet
+        return UserError(f"{cause.full_key}: {where} has no keys yet; add one with +{prefix}{key}")
+    hint = did_you_mean(key, node.keys(), prefix)
+    return UserError(f"{cause.full_key}: not a key of {where or 'the config'}; {hint}")
+
+
+@contextlib.contextmanager
+def one_line_composition_errors() -> Iterator[None]:
+    """Around `hydra.main`: an override of a key the config lacks exits with our one line
+    (`unknown_override`) instead of Hydra's several.
+
+    Hydra composes the config and prints its errors inside `hydra.main`, through
+    `hydra._internal.utils.run_and_report`, which no public hook reaches; composing once more
+    beforehand would cost every run's start-up a tenth of a second. So that reporter is wrapped
+    for the block (hydra-core is pinned in uv.lock; a release without it gets Hydra's message).
+    """
+    from hydra._internal import utils
+
+    original = getattr(utils, "run_and_report", None)
+    if original is None:
+        yield
+        return
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        def explained() -> Any:
+            try:
+                return func()
+            except ConfigCompositionException as error:
+                ours = unknown_override(error)
+                if ours is None:
+                    raise
+                exit_with(ours)  # a SystemExit: Hydra's `except Exception` lets it through
+
+        return original(explained)
+
+    utils.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        utils.run_and_report = original
+
+
 def _check_plugged_in(group: str, nodes: Any) -> None:
     """`callbacks` and `components`: name -> null or a node naming its class by `_target_`."""
     for name, node in (nodes or {}).items():
@@ -217,6 +284,29 @@ def _check_plugged_in(group: str, nodes: Any) -> None:
             raise ConfigError(
                 f"{group}.{name}", node, "a class given by _target_ (and its arguments)"
             )
+
+
+def _check_arguments(key: str, node: Any) -> None:
+    """Every key of a `_target_` node names an argument its target takes (any does, for a
+    target taking **kwargs). A target that cannot be imported or inspected is left to its
+    build, which says why in one line."""
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        return
+    from hydra.utils import get_object
+
+    try:
+        parameters = inspect.signature(get_object(node._target_)).parameters.values()
+    except Exception:  # an import error, or a builtin without a signature
+        return
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = [parameter.name for parameter in parameters if parameter.kind in named]
+    for name in node:
+        if not str(name).startswith("_") and name not in takes:  # _target_, _partial_: Hydra's
+            takes_text = ", ".join(takes) or "no arguments"
+            allowed = f"not an argument of {node._target_}, which takes {takes_text}"
+            raise ConfigError(f"{key}.{name}", node[name], allowed)
 
 
 MONITORED = ("val_", "ema_val_")  # an evaluation's columns: accuracy, objective's terms, metrics

@@ -1,4 +1,5 @@
-"""Evaluate a checkpoint: `python -m repro.evaluate ckpt=PATH [split=test] [device=auto]`.
+"""Evaluate a checkpoint: `python -m repro.evaluate ckpt=RUN_DIR_OR_FILE [split=test]
+[device=auto]` (a run folder means its checkpoints/best.pt, or last.pt without one).
 
 The model and data are rebuilt from the config stored in the checkpoint; `data.root=...`
 may point at the data's new place on this machine, `tta=none|flip|flip_translate` overrides

@@ -1,14 +1,15 @@
 """Predict the classes of image files with a trained checkpoint:
 
-    python -m repro.predict ckpt=PATH images=FOLDER_OR_FILE [out=predictions.csv] [top_k=1]
-        [device=auto] [batch_size=N] [tta=none|flip|flip_translate] [overwrite=false]
-        [trust=false]
+    python -m repro.predict ckpt=RUN_DIR_OR_FILE images=FOLDER_OR_FILE [out=predictions.csv]
+        [top_k=1] [device=auto] [batch_size=N] [tta=none|flip|flip_translate]
+        [overwrite=false] [trust=false]
 
-Each image goes through the run's evaluation transform (resized to the run's size if it
-comes in another) and the model, as `repro.evaluate` runs it. `out` gets one CSV row per
-image, in sorted path order: its path, then the `top_k` classes and their probabilities. An
-existing `out` is refused before any work unless `overwrite=true`. A stored config naming a
-target this checkout does not trust is refused unless `trust=true` (see repro.runs.trust).
+A run folder as `ckpt` means its checkpoints/best.pt, or last.pt without one. Each image goes
+through the run's evaluation transform (resized to the run's size if it comes in another) and
+the model, as `repro.evaluate` runs it. `out` gets one CSV row per image, in sorted path
+order: its path, then the `top_k` classes and their probabilities. An existing `out` is
+refused before any work unless `overwrite=true`. A stored config naming a target this
+checkout does not trust is refused unless `trust=true` (see repro.runs.trust).
 """
 
 from __future__ import annotations

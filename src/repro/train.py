@@ -321,7 +321,8 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     sys.argv = launch.torchrun_argv(launch.expand_seed_shorthand(sys.argv))
-    main()
+    with config.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
+        main()
     distributed.shutdown()
     if SweepReport.failed_jobs:
         raise SystemExit(1)

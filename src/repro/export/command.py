@@ -31,7 +31,6 @@ from repro.export.formats import FORMATS, OPSET, ExportError, Normalised, parity
 from repro.files import atomic_path, write_json_atomic, writing
 from repro.guards.network import offline
 from repro.predict import image_files
-from repro.runs.checkpoint import BEST_FILE
 from repro.runs.integrity import KEY as DIGEST
 from repro.runs.restore import Restored, arguments, classes_of, output_file, restore
 
@@ -39,17 +38,6 @@ ARGUMENTS = {"format", "weights", "images", "data.root", "tolerance"}  # and res
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt", "safetensors": ".safetensors"}
 PARITY_IMAGES = 64
 RULE = "max_abs_diff <= tolerance * max(1, max_abs_logit)"
-
-
-def checkpoint_file(ckpt: Path) -> Path:
-    """`ckpt` itself, or for a run folder (or its checkpoints/) its best.pt, else last.pt."""
-    if not ckpt.is_dir():
-        return ckpt
-    for folder in (ckpt / "checkpoints", ckpt):
-        for name in (BEST_FILE, "last.pt"):
-            if (folder / name).is_file():
-                return folder / name
-    raise CheckpointError(f"{ckpt}: a folder with no checkpoints/{BEST_FILE} or last.pt in it")
 
 
 def check_choices(fmt: str, weights: str, tolerance: object) -> None:
@@ -140,8 +128,8 @@ def export_checkpoint(
 ) -> dict[str, Any]:
     """Write the checkpoint's model to `out` in `fmt` and its sidecar JSON; returns the JSON."""
     check_choices(fmt, weights, tolerance)
-    ckpt = checkpoint_file(ckpt)
     run = restore(ckpt, "cpu", data_root, trust=trust)
+    ckpt = run.checkpoint  # a run folder's best.pt (or last.pt)
     load_weights(run, weights, ckpt)
     model = run.model.to(memory_format=torch.contiguous_format).float().eval()
     norm = normalisation(run)

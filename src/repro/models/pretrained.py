@@ -127,18 +127,23 @@ def read_weights(path: str | os.PathLike, key: str) -> dict[str, torch.Tensor]:
     """A state dict from a .safetensors file or a torch.save file (tensors only: read with
     `weights_only=True`, so a file holding code is refused)."""
     file = Path(str(path)).expanduser()
-    allowed = f"true, false or the path of a weights file ({', '.join(WEIGHT_FILES)})"
+    allowed = (
+        "true, false or the path of a weights file: a state_dict saved by torch.save "
+        f"({', '.join(WEIGHT_FILES[1:])}) or a {WEIGHT_FILES[0]} file"
+    )
     if not file.is_file():
         raise ConfigError(key, str(path), f"{allowed}; no such file")
+    safetensors = file.suffix == ".safetensors"
     try:
-        if file.suffix == ".safetensors":
+        if safetensors:
             from safetensors.torch import load_file
 
             state: Any = load_file(str(file))
         else:
             state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as error:  # any failure to read the user's file: one line
-        raise ConfigError(key, str(path), f"{allowed}; unreadable: {error}") from None
+    except Exception:  # not the reader's words: torch's run to a paragraph asking for an issue
+        reader = "safetensors" if safetensors else "torch.load"
+        raise ConfigError(key, str(path), f"{allowed}; {reader} cannot read this file") from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a whole training checkpoint
     if not isinstance(state, dict) or not all(

@@ -17,11 +17,11 @@ from repro import build, config
 from repro.data.datasets import Source
 from repro.data.loader import LoaderContext, eval_loader
 from repro.data.transforms import Compose
-from repro.errors import ConfigError, StorageError, exit_with
+from repro.errors import CheckpointError, ConfigError, StorageError, exit_with
 from repro.files import write_text_atomic, writing
 from repro.objectives import Objective
 from repro.runs import resume
-from repro.runs.checkpoint import load
+from repro.runs.checkpoint import BEST_FILE, load
 from repro.runs.trust import as_data
 from repro.runtime.devices import select_device, use_pinned_memory
 from repro.runtime.memory_format import MemoryFormat
@@ -43,6 +43,7 @@ class Restored:
     tta: str
     objective: Objective
     normalisation: dict[str, Any]  # as the run recorded it (build.normalisation)
+    checkpoint: Path  # the file read: `ckpt`, or the one `checkpoint_file` chose in a run folder
 
     def loader(self, source: Source, transform: Compose, batch_size: int | None) -> DataLoader:
         """Batches of `source` in its order (one pass: `Batches(loader).take(len(loader))`)."""
@@ -53,6 +54,18 @@ class Restored:
         return eval_loader(source, transform, size, cfg.dataloader, context)
 
 
+def checkpoint_file(ckpt: Path) -> Path:
+    """`ckpt` itself, or for a run folder (or its checkpoints/) the weights the run tested by
+    default: its best.pt, else last.pt (as a run with no best checkpoint tests its last)."""
+    if not ckpt.is_dir():
+        return ckpt
+    for folder in (ckpt / "checkpoints", ckpt):
+        for name in (BEST_FILE, "last.pt"):
+            if (folder / name).is_file():
+                return folder / name
+    raise CheckpointError(f"{ckpt}: a folder with no checkpoints/{BEST_FILE} or last.pt in it")
+
+
 def restore(
     ckpt: Path,
     device_name: str = "auto",
@@ -60,12 +73,14 @@ def restore(
     tta: str | None = None,
     trust: bool = False,
 ) -> Restored:
-    """The checkpoint's model rebuilt from its stored config and seed. `data_root` re-points
-    the data; `tta` overrides the run's `trainer.tta`. The stored config must name only
-    targets this checkout trusts, unless `trust` (see repro.runs.trust)."""
+    """The checkpoint's model rebuilt from its stored config and seed; `ckpt` is a checkpoint
+    file or a run folder (`checkpoint_file`), so that every checkpoint command takes both alike.
+    `data_root` re-points the data; `tta` overrides the run's `trainer.tta`. The stored config
+    must name only targets this checkout trusts, unless `trust` (see repro.runs.trust)."""
     allowed = config.CHOICES["trainer.tta"]
     if tta is not None and tta not in allowed:
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
+    ckpt = checkpoint_file(ckpt)
     state = load(ckpt)
     stored = state.get("config")
     stored = as_data(resume.upgrade(stored) if isinstance(stored, dict) else stored, ckpt, trust)
@@ -88,7 +103,7 @@ def restore(
     tta = tta or cfg.trainer.tta
     objective = build.objective(cfg)
     return Restored(
-        cfg, state, model, device, precision, memory_format, to_device, tta, objective, norm
+        cfg, state, model, device, precision, memory_format, to_device, tta, objective, norm, ckpt
     )
 
 
@@ -129,7 +144,8 @@ def arguments(argv: list[str], own: set[str]) -> DictConfig:
         named = unknown[0] if unknown else "(none)"
         raise ConfigError("argument", named, f"use {', '.join(sorted(SHARED | own))} as key=value")
     if "ckpt" not in args:
-        raise ConfigError("ckpt", None, "the path of a checkpoint, e.g. ckpt=outputs/.../last.pt")
+        allowed = "a checkpoint or a run folder, e.g. ckpt=outputs/runs/<run> or .../last.pt"
+        raise ConfigError("ckpt", None, allowed)
     return args
 
 
