@@ -161,10 +161,10 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> tuple[str, Any, 
 def validate(cfg: DictConfig, schema: type = Config) -> None:
     """Raise ConfigError for a key `schema` does not know, or the first value outside its
     allowed range or choices."""
-    from repro.data import datasets, options  # the data option's own settings, typed by its builder
+    from repro.data import datasets  # the data option's own settings, typed by its builder
 
-    options.typed(cfg.data)
-    options.check(datasets.builder(cfg.data), cfg.data)
+    datasets.typed_data(cfg.data)
+    datasets.check_settings(datasets.builder(cfg.data), cfg.data)
     unknown = _unknown_keys(cfg, schema)
     if unknown:
         key, value, hint = unknown
