@@ -274,3 +274,126 @@ def test_a_builder_without_settings_refuses_any_and_the_schemas_keys_stay_typed(
     cfg = compose_config(*tiny("data.image_size='32'"))
     config.validate(cfg)
     assert cfg.data.image_size == 32  # typed as the schema declares it
+
+
+# ---- an objective that takes a Batch: images, model, components ----------------------------
+
+
+class _Recording:
+    """An objective that takes a Batch and keeps each one it gets."""
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    def __call__(self, logits, targets, batch):
+        self.seen.append(batch)
+        return {"loss": torch.nn.functional.cross_entropy(logits, targets.labels, reduction="none")}
+
+
+def _linear() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+
+
+IMAGES, LABELS = torch.randn(8, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+
+
+def test_each_micro_batch_reaches_the_objective_with_the_model_and_the_components():
+    from repro.engine.settings import LoopSettings
+    from repro.engine.step import OptimizerStep
+    from repro.runtime.memory_format import MemoryFormat
+    from repro.runtime.precision import Precision
+
+    model, recording, teacher = _linear(), _Recording(), object()
+    objective = Checked(recording, "mine.Recording")
+    objective.components = {"teacher": teacher}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    OptimizerStep(
+        model=model, forward_model=model, optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        precision=Precision("off", torch.device("cpu")), memory_format=MemoryFormat("contiguous"),
+        settings=LoopSettings(accumulate_steps=2), objective=objective,
+    )(IMAGES, LABELS, epoch=0, batch=0)  # fmt: skip
+    assert len(recording.seen) == 2
+    for batch, images in zip(recording.seen, IMAGES.chunk(2), strict=True):
+        assert torch.equal(batch.images, images) and batch.model is model and batch.training
+        assert batch.component("teacher") is teacher
+    with pytest.raises(ConfigError, match=r"add \+components\.other\._target_="):
+        recording.seen[0].component("other")
+
+
+def test_the_world_invariant_step_hands_over_each_micro_batch_too():
+    from repro.engine.invariant import InvariantStep
+    from repro.engine.settings import LoopSettings
+    from repro.runtime.distributed import Context
+    from repro.runtime.memory_format import MemoryFormat
+    from repro.runtime.precision import Precision
+
+    model, recording = _linear(), _Recording()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    InvariantStep(
+        model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        Precision("off", torch.device("cpu")), MemoryFormat("contiguous"), LoopSettings(),
+        recording, micro_batch=2, root_seed=0, dist=Context(),
+    )(IMAGES, LABELS, epoch=0, batch=0)  # fmt: skip
+    assert [len(batch.images) for batch in recording.seen] == [2, 2, 2, 2]
+    assert torch.equal(torch.cat([batch.images for batch in recording.seen]), IMAGES)
+    assert all(batch.model is model and batch.components == {} for batch in recording.seen)
+
+
+def test_evaluation_hands_over_the_images_before_flipping_and_the_evaluated_model():
+    import contextlib
+
+    from repro.engine.evaluation import evaluate
+
+    model, recording = _linear(), _Recording()
+    result = evaluate(
+        model, [(IMAGES, LABELS)], lambda x, y: (x, y), lambda x: x, contextlib.nullcontext,
+        tta="flip", objective=recording,
+    )  # fmt: skip
+    (batch,) = recording.seen
+    assert torch.equal(batch.images, IMAGES) and batch.model is model and not batch.training
+    assert result["loss"] > 0 and model.training  # the model's mode is given back
+
+
+def test_an_objective_takes_a_batch_only_if_its_call_has_a_third_argument():
+    assert not Checked(CrossEntropy(), "ce").takes_batch
+    assert not Checked(lambda logits, targets: {}, "two").takes_batch
+    assert Checked(_Recording(), "three").takes_batch
+    assert Checked(lambda *arguments: {}, "any").takes_batch
+
+
+class NeedsTeacher(CrossEntropy):
+    """Cross-entropy that checks, at every call, that the run's teacher reached it."""
+
+    def __call__(self, logits, targets, batch):
+        assert batch.component("teacher").model is not batch.model
+        return super().__call__(logits, targets)
+
+
+class StillTeacher:
+    """A component that holds a frozen copy of the model and has no state to speak of."""
+
+    def __init__(self, model, total_steps: int) -> None:
+        import copy
+
+        self.model = copy.deepcopy(model).requires_grad_(False)
+
+    def at_start(self, loop) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_the_runs_components_reach_an_objective_in_training_evaluation_and_the_test(tmp_path):
+    from conftest import train_in_process
+
+    summary = train_in_process(
+        tmp_path, *tiny(f"objective._target_={__name__}.NeedsTeacher",
+                        f"+components.teacher._target_={__name__}.StillTeacher"),
+    )  # fmt: skip
+    assert summary["completed"] and "test_loss" in summary
