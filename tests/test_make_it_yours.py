@@ -21,7 +21,7 @@ import pytest
 
 from repro.data import synthetic
 
-from conftest import ROOT, TINY
+from conftest import ROOT, SHAPES, TINY, draw_shape
 
 NAME = "my_lab"
 # Two epochs of 6 steps with an evaluation at each end and a checkpoint every 4 steps.
@@ -54,7 +54,10 @@ def project(tmp_path_factory) -> Path:
     files = readme_files((dest / "README.md").read_text())
     assert {f"src/{NAME}/logit_penalty.py", "conf/objective/logit_penalty.yaml",
             f"src/{NAME}/confusion.py", f"src/{NAME}/numpy_files.py",
-            "conf/data/numpy_files.yaml", f"src/{NAME}/top5.py"} <= set(files)  # fmt: skip
+            "conf/data/numpy_files.yaml", f"src/{NAME}/top5.py",
+            f"src/{NAME}/labelled_folder.py", "conf/data/labelled_folder.yaml",
+            f"src/{NAME}/distillation.py", "conf/objective/distillation.yaml",
+            f"src/{NAME}/early_stopping.py", f"src/{NAME}/grad_norms.py"} <= set(files)  # fmt: skip
     for rel, text in files.items():
         assert not (dest / rel).exists(), f"{rel}: the README's file must be a new one"
         (dest / rel).write_text(text)
@@ -208,3 +211,132 @@ def test_a_numpy_dataset_trains_exactly_with_workers_and_after_a_kill(project, a
     done = run(project, *args, f"hydra.run.dir={killed}", env=fault)
     assert done.returncode == -9, done.stderr[-2000:]
     assert trained(project, killed, *args)["weights_sha256"] == straight["weights_sha256"]
+
+
+TIMING = ("images_per_s", "data_wait_frac", "train_s")  # the only columns that may differ
+
+
+def results(run_dir: Path) -> list[dict[str, str]]:
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows(run_dir)]
+
+
+def killed_and_resumed(project: Path, run_dir: Path, step: int, *args: str) -> dict:
+    """The run SIGKILLed after `step`, then the same command again."""
+    done = run(
+        project, *args, f"hydra.run.dir={run_dir}", env={f"{NAME.upper()}_FAULT": f"step:{step}"}
+    )
+    assert done.returncode == -9, done.stderr[-2000:]
+    return trained(project, run_dir, *args)
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory) -> Path:
+    """A flat folder of PNGs of the three shapes, and two CSVs naming their class and split:
+    labels.csv (150 train, 30 test) and fold2.csv (the first 150 of its rows)."""
+    import random
+
+    root = tmp_path_factory.mktemp("labelled")
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for i in range(180):
+        kind = SHAPES[i % 3]
+        draw_shape(kind, 32, 32, rng).save(root / f"{i:03d}.png")
+        rows_out.append((f"{i:03d}.png", kind, "test" if i >= 150 else "train"))
+    random.Random(0).shuffle(rows_out)  # a CSV's order is its own
+    for name, chosen in (("labels.csv", rows_out), ("fold2.csv", rows_out[:150])):
+        with (root / name).open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["file", "label", "split"])
+            writer.writerows(chosen)
+    return root
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_dataset_with_its_own_setting_trains_exactly_and_refuses_a_mistyped_one(
+    project, labelled, tmp_path
+):
+    args = [*RUN, "data=labelled_folder", f"data.root={labelled}", "data.val_size=16"]
+    straight = trained(project, tmp_path / "straight", *args)
+    assert straight["data"]["splits"]["train"]["images"] == 134  # 150 less the 16 held out
+    assert "labels_file: labels.csv" in (tmp_path / "straight" / "resolved_config.yaml").read_text()
+    workers = trained(project, tmp_path / "workers", *args, "dataloader.num_workers=2")
+    assert workers["weights_sha256"] == straight["weights_sha256"]
+    fold = trained(project, tmp_path / "fold", *args, "data.labels_file=fold2.csv")
+    assert 64 < fold["data"]["splits"]["train"]["images"] < 134
+    # A resume with another value of the setting is another run's data: refused.
+    done = run(
+        project, *args, "data.labels_file=fold2.csv", f"hydra.run.dir={tmp_path / 'straight'}"
+    )
+    assert done.returncode != 0 and "labels_file" in done.stderr
+
+    typo = tmp_path / "typo"
+    done = run(project, *args, "+data.labels_fil=fold2.csv", f"hydra.run.dir={typo}")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did you mean data.labels_file?" in lines[0], done.stderr
+    assert not (typo / "checkpoints").exists()  # refused before any work
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_distillation_from_a_teacher_run_with_tta_and_accumulation(project, tmp_path):
+    teacher = tmp_path / "teacher"
+    trained(project, teacher, *RUN)
+    distil = ["objective=distillation", f"+components.teacher._target_={NAME}.distillation.Teacher",
+              f"+components.teacher.checkpoint={teacher}"]  # fmt: skip
+    student = trained(project, tmp_path / "student", *RUN, *distil)
+    plain = trained(project, tmp_path / "plain", *RUN)
+    assert student["weights_sha256"] != plain["weights_sha256"]  # the teacher was heard
+    for row in rows(tmp_path / "student"):
+        assert float(row["train_distill"]) > 0
+        assert row["val_loss"] == row["val_cross_entropy"]  # evaluation scores the student
+    assert "val_distill" not in rows(tmp_path / "student")[0]
+    # Two forwards per image (flip TTA) and two micro-batches per step: nothing breaks, and
+    # the accumulated step trains on what the whole batch would give.
+    both = trained(project, tmp_path / "both", *RUN, *distil, "trainer.tta=flip",
+                   "trainer.accumulate_steps=2")  # fmt: skip
+    assert both["completed"] and both["test_loss"] > 0
+
+    missing = run(project, *RUN, "objective=distillation", f"hydra.run.dir={tmp_path / 'alone'}")
+    lines = missing.stderr.strip().splitlines()
+    assert missing.returncode == 2 and len(lines) == 1, missing.stderr
+    assert "add +components.teacher._target_=" in lines[0]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_early_stopping_on_any_metric_stops_at_the_same_step_after_a_kill(project, tmp_path):
+    stopping = [*RUN, "trainer.eval_every_steps=2",
+                f"+callbacks.stop._target_={NAME}.early_stopping.EarlyStopping",
+                "+callbacks.stop.metric=val_loss", "+callbacks.stop.patience=2",
+                "+callbacks.stop.min_delta=10"]  # fmt: skip
+    # Evaluations at 2 (the best), 4 and 6 (not better by 10): stopped at step 6 of 12.
+    straight = trained(project, tmp_path / "straight", *stopping)
+    assert straight["step"] == 6 and straight["completed"] and straight["stopped_early"]
+    assert straight["stop_reason"] == "val_loss not better by 10 for 2 evaluations"
+    attempts = (tmp_path / "straight" / "attempts.jsonl").read_text().splitlines()
+    assert json.loads(attempts[-1])["result"].startswith("completed, stopped early: val_loss")
+    # Killed after step 5 (the checkpoint of step 4 holds one stale evaluation): resumed, it
+    # stops at step 6 all the same, with the same weights and rows.
+    resumed = killed_and_resumed(project, tmp_path / "killed", 5, *stopping)
+    assert resumed["step"] == 6 and resumed["stop_reason"] == straight["stop_reason"]
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    assert results(tmp_path / "killed") == results(tmp_path / "straight")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_gradient_norm_column_resumes_exactly_and_can_join_a_resumed_run(project, tmp_path):
+    norms = [*RUN, f"+callbacks.grad_norms._target_={NAME}.grad_norms.GradNorms"]
+    straight = trained(project, tmp_path / "straight", *norms)
+    assert all(float(row["grad_norm"]) > 0 for row in rows(tmp_path / "straight"))
+    resumed = killed_and_resumed(project, tmp_path / "killed", 10, *norms)
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    assert results(tmp_path / "killed") == results(tmp_path / "straight")
+    # Added on a resume: the column starts there.
+    late = tmp_path / "late"
+    trained(project, late, *RUN, "trainer.halt_at_step=6")
+    trained(project, late, *norms)
+    assert rows(late)[0]["grad_norm"] == ""
+    assert rows(late)[1]["grad_norm"] == rows(tmp_path / "straight")[1]["grad_norm"]

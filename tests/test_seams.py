@@ -173,8 +173,19 @@ def test_a_callback_that_cannot_be_built_is_one_line_naming_it(nodes, key):
     assert callbacks.build(OmegaConf.create({"off": None})).named == {}  # null turns one off
 
 
+class HookOnly:
+    """A would-be component that the loop calls but whose state a resume could not restore."""
+
+    def __init__(self, model, total_steps) -> None:
+        self.steps = 0
+
+    def after_step(self, loop) -> None:
+        self.steps += 1
+
+
 class StateOnly:
-    """A would-be component that keeps its state but is never called by the loop."""
+    """A component that keeps its state and is never called by the loop: a part another part
+    (the objective) uses."""
 
     def __init__(self, model, total_steps) -> None:
         self.steps = total_steps
@@ -194,10 +205,13 @@ def test_a_callback_or_component_the_loop_would_never_call_is_refused_naming_its
         "(at_start, before_step, after_step, extra_metrics, after_evaluation, at_checkpoint, "
         "at_end, state_dict, load_state_dict) or __enter__; it built NoneType"
     )
-    component = {"x": {"_target_": f"{__name__}.StateOnly"}}
+    component = {"x": {"_target_": f"{__name__}.HookOnly"}}  # no state to resume
     with pytest.raises(ConfigError) as caught:
         callbacks.build_components(OmegaConf.create(component), torch.nn.Linear(1, 1), 3)
-    assert caught.value.key == "components.x._target_" and "it built StateOnly" in str(caught.value)
+    assert caught.value.key == "components.x._target_" and "it built HookOnly" in str(caught.value)
+    # A component with its state and no hook is a part something else uses (a teacher).
+    component = {"x": {"_target_": f"{__name__}.StateOnly"}}
+    assert callbacks.build_components(OmegaConf.create(component), torch.nn.Linear(1, 1), 3)
     # What the README's callback has (a hook and its state) is enough.
     assert callbacks.build(OmegaConf.create({"w": {"_target_": f"{__name__}._Watcher"}})).get("w")
 

@@ -1,4 +1,4 @@
-"""Callbacks: code that watches the training loop, each named by `_target_` under `callbacks`.
+"""Callbacks: code the training loop calls, each named by `_target_` under `callbacks`.
 
     python -m repro.train +callbacks.confusion._target_=repro.confusion.ConfusionMatrix
 
@@ -8,12 +8,16 @@ of them, nor `__enter__`, is refused: the loop would never call it):
 
 - `at_start(loop)`, `before_step(loop)`: when the loop starts; before each step's batch;
 - `after_step(loop)`: after each optimizer step; `loop.state.position` says where the run is;
+- `extra_metrics(loop)`: at each evaluation, columns to add to its row;
 - `after_evaluation(loop, row, predictions)`: after each evaluation and its metrics row;
   `predictions.confusion(classes)` gives the confusion matrix of that validation pass;
 - `at_checkpoint(loop)`: just before a checkpoint is written (flush what must match it);
 - `at_end(loop, summary)`: once, after training, with what summary.json holds;
 - `state_dict()` / `load_state_dict(state)`: a callback with state has it saved in every
   checkpoint and restored on resume, so a resumed run's callbacks go on as if never stopped.
+
+`loop.stop(reason)` ends the run after the current step, as a completed one. What else `loop`
+offers, and which parts of it are stable: docs/callbacks.md.
 
 `components` are built the same way, by `_target_` under `components`, with two more
 arguments, `model` and `total_steps`: they are parts of the loop that change the weights
@@ -22,7 +26,7 @@ only with the same ones, and their `state_dict` is required.
 
 Every rank calls its callbacks (a collective such as `predictions.confusion` needs them all);
 write files on `loop.dist.is_main` only, atomically (`repro.files`), so a run killed and resumed
-leaves the files an uninterrupted run leaves. Callbacks only watch: adding or removing one does
+leaves the files an uninterrupted run leaves. A callback that does not call `loop.stop` does
 not change the weights, and a run may resume with other callbacks than it started with.
 """
 
@@ -58,6 +62,10 @@ class Callback:
 
     def after_step(self, loop: Any) -> None:
         """An optimizer step is done; `loop.state.position` counts it."""
+
+    def extra_metrics(self, loop: Any) -> dict[str, float]:
+        """An evaluation's row is being made: columns to add to it."""
+        return {}
 
     def after_evaluation(self, loop: Any, row: dict[str, float], predictions: Any) -> None:
         """An evaluation's row is written; `predictions.confusion(classes)` on every rank."""
@@ -181,21 +189,21 @@ def build(
 def build_components(nodes: Any, model: Any, total_steps: int) -> dict[str, Any]:
     """`cfg.components`: name -> a part of the loop built with the model and the run's length."""
     found = instantiated("components", nodes, model=model, total_steps=total_steps)
-    allowed = (
-        "a class with state_dict and load_state_dict (a resume needs its state) and a callback "
-        f"method ({', '.join(HOOKS)}) or __enter__"
-    )
-    check_interface("components", nodes, found, STATE, CALLED, allowed)
+    # No hook is required: a component may be a part the objective uses (a teacher).
+    allowed = "a class with state_dict and load_state_dict (a resume needs its state)"
+    check_interface("components", nodes, found, STATE, (), allowed)
     return found
 
 
 def check_interface(
     group: str, nodes: Any, found: dict[str, Any], every: tuple, some: tuple, allowed: str
 ) -> None:
-    """Each object built for `group` has `every` method and one at least of `some`: else the
-    loop would never call it, or (a component without its state) could not resume it."""
+    """Each object built for `group` has `every` method and one at least of `some` (if any):
+    else the loop would never call it, or (a component without its state) could not resume
+    it."""
     for name, built in found.items():
-        if not all(hasattr(built, m) for m in every) or not any(hasattr(built, m) for m in some):
+        lacks_one = some and not any(hasattr(built, m) for m in some)
+        if not all(hasattr(built, m) for m in every) or lacks_one:
             said = f"{allowed}; it built {type(built).__name__}"
             raise ConfigError(f"{group}.{name}._target_", nodes[name]._target_, said)
 
