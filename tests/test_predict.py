@@ -13,7 +13,7 @@ from repro.errors import ConfigError, DataError
 from repro.predict import predict_files
 from repro.runs.restore import checkpoint_file, output_file, write_result
 
-from conftest import IMAGEFOLDER, SHAPES, make_image_tree, run_cli, train_in_process
+from conftest import IMAGEFOLDER, SHAPES, make_image_tree, run_cli, tiny, train_in_process
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,8 @@ def test_predictions_name_the_classes_and_agree_with_evaluate(trained):
 def test_evaluate_and_predict_take_a_run_folder_as_export_does(trained):
     ckpt, images = trained
     run_dir = ckpt.parents[1]
-    tested = checkpoint_file(run_dir)  # the weights the run tested: its best
-    assert tested == run_dir / "checkpoints" / "best.pt"
+    tested, weights = checkpoint_file(run_dir)  # the weights the run tested: its best
+    assert tested == run_dir / "checkpoints" / "best.pt" and weights == "model"
     scores = evaluate.evaluate_checkpoint(run_dir, split="val")
     assert scores == evaluate.evaluate_checkpoint(tested, split="val")
     bars = images / "val" / "bar"
@@ -140,3 +140,21 @@ def test_a_result_the_disk_refuses_is_one_line_and_no_file(tmp_path, capsys, mon
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2 and line.startswith(f"error: cannot write {out}: ")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("tested", ["last", "ema"])
+def test_a_run_folder_gives_the_weights_its_test_used(tested, tmp_path):
+    """Evaluated from its folder, a run's test split gives the figures its own test gave."""
+    extra = ["+components=ema", "components.ema.decay=0.9"] if tested == "ema" else []
+    summary = train_in_process(tmp_path, *tiny(f"trainer.test_weights={tested}", *extra))
+    assert summary["test_weights"] == tested
+    assert checkpoint_file(tmp_path) == (tmp_path / "checkpoints" / "last.pt",
+                                         "ema" if tested == "ema" else "model")  # fmt: skip
+    again = evaluate.evaluate_checkpoint(tmp_path, split="test")
+    assert again["acc"] == summary["test_acc"]
+    assert again["loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
+    if tested == "ema":  # not the trained weights': those give other figures
+        trained_weights = evaluate.evaluate_checkpoint(
+            tmp_path / "checkpoints" / "last.pt", split="test"
+        )
+        assert trained_weights["loss"] != again["loss"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,16 +55,34 @@ class Restored:
         return eval_loader(source, transform, size, cfg.dataloader, context)
 
 
-def checkpoint_file(ckpt: Path) -> Path:
-    """`ckpt` itself, or for a run folder (or its checkpoints/) the weights the run tested by
-    default: its best.pt, else last.pt (as a run with no best checkpoint tests its last)."""
+TESTED = ("best", "last", "ema")  # what summary.json's `test_weights` may say
+
+
+def checkpoint_file(ckpt: Path) -> tuple[Path, str]:
+    """The file to read and which weights in it (`model`, or `ema`: the weight average it
+    keeps). `ckpt` itself, or for a run folder (or its checkpoints/) the weights its test after
+    training used, as its summary.json says (`test_weights`): best.pt, last.pt, or the average
+    in last.pt. A folder whose summary does not say (a run killed, or still going) gives its
+    best.pt, else last.pt."""
     if not ckpt.is_dir():
-        return ckpt
-    for folder in (ckpt / "checkpoints", ckpt):
-        for name in (BEST_FILE, "last.pt"):
-            if (folder / name).is_file():
-                return folder / name
+        return ckpt, "model"
+    run_dir = ckpt.parent if ckpt.name == "checkpoints" else ckpt
+    tested = _recorded_test_weights(run_dir / "summary.json")
+    names = {"best": (BEST_FILE, "last.pt"), "last": ("last.pt",), "ema": ("last.pt",)}
+    for name in names.get(tested, (BEST_FILE, "last.pt")):
+        if (run_dir / "checkpoints" / name).is_file():
+            return run_dir / "checkpoints" / name, "ema" if tested == "ema" else "model"
     raise CheckpointError(f"{ckpt}: a folder with no checkpoints/{BEST_FILE} or last.pt in it")
+
+
+def _recorded_test_weights(summary: Path) -> str | None:
+    """`test_weights` of a run's summary.json (a file from whoever made the folder: a value
+    outside TESTED, or a file that does not parse, says nothing)."""
+    try:
+        recorded = json.loads(summary.read_text()).get("test_weights")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return recorded if recorded in TESTED else None
 
 
 def restore(
@@ -80,7 +99,7 @@ def restore(
     allowed = config.CHOICES["trainer.tta"]
     if tta is not None and tta not in allowed:
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
-    ckpt = checkpoint_file(ckpt)
+    ckpt, weights = checkpoint_file(ckpt)
     state = load(ckpt)
     stored = state.get("config")
     stored = as_data(resume.upgrade(stored) if isinstance(stored, dict) else stored, ckpt, trust)
@@ -95,7 +114,7 @@ def restore(
         precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
     model = build.model(cfg, state["root_seed"], num_classes=classes_of(state, cfg))
-    model.load_state_dict(state["model"])
+    model.load_state_dict(_weights(state, weights, ckpt))
     model = memory_format.model(model.to(device)).eval()
     # Older checkpoints record none: their data.* was all there was.
     norm = state.get("normalisation") or build.normalisation(cfg)
@@ -105,6 +124,16 @@ def restore(
     return Restored(
         cfg, state, model, device, precision, memory_format, to_device, tta, objective, norm, ckpt
     )
+
+
+def _weights(state: dict[str, Any], which: str, ckpt: Path) -> dict[str, Any]:
+    """The model's weights, or the weight average's that a run tested (`ema`)."""
+    if which == "model":
+        return state["model"]
+    average = (state.get("components") or {}).get("ema", state.get("ema"))  # older: top-level
+    if not isinstance(average, dict):
+        raise CheckpointError(f"{ckpt}: its run tested a weight average the file does not hold")
+    return average
 
 
 def without_pretrained_weights(config: Any) -> Any:
