@@ -15,7 +15,7 @@ from repro import report as report_command
 from repro.errors import UserError, exit_with
 from repro.guards.text import for_csv, for_terminal
 from repro.runs.checkpoint import atomic_save, load
-from repro.sweeps import report
+from repro.sweeps import render, report
 
 from conftest import IMAGEFOLDER, make_image_tree, train_in_process
 
@@ -113,7 +113,7 @@ def test_a_sweeps_files_reach_its_csv_and_the_terminal_escaped(tmp_path, capsys)
     assert r"| 1 | lr=\x1b[31mred |" in markdown and r"FAILED: ConfigError: \x1b]0;" in markdown
     for text in (markdown, (tmp_path / "sweep_summary.csv").read_text(), *printed):
         assert "\x1b" not in text and "\x07" not in text
-    assert printed.out == report.markdown(report.build(tmp_path))
+    assert printed.out == render.markdown(report.build(tmp_path))
 
 
 @pytest.fixture(scope="module")

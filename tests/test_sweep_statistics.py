@@ -16,7 +16,7 @@ from scipy import stats
 
 from hydra_plugins.repro.adaptive_seeds import AdaptiveSeeds, Rule, look
 from repro.errors import ConfigError, UserError
-from repro.sweeps import report, verdict
+from repro.sweeps import render, report, verdict
 from repro.sweeps.stats import difference_of_means, paired_difference
 
 from conftest import IMAGEFOLDER, make_image_tree, run_cli, tiny
@@ -64,7 +64,7 @@ def test_the_report_pairs_groups_that_share_seeds_and_says_which_test_it_used(tm
 
     unpaired = comparisons["amp=off", "amp=fp16"]
     assert unpaired["test"] == "Welch: seeds not shared" and unpaired["paired"] is None
-    text = report.markdown(report.build(tmp_path))
+    text = render.markdown(report.build(tmp_path))
     assert "| paired: 6 shared seeds |" in text and "| Welch: seeds not shared |" in text
 
 
@@ -148,7 +148,7 @@ def test_the_sweeper_reads_back_finished_jobs_and_refuses_a_folder_of_another_co
         and decision["why"].startswith("resolved after 4 seeds")
     )
     assert json.loads((tmp_path / "adaptive_seeds.json").read_text()) == decision
-    assert "## Adaptive seeds: val_acc of b = amp=bf16 vs a = amp=off" in report.markdown(
+    assert "## Adaptive seeds: val_acc of b = amp=bf16 vs a = amp=off" in render.markdown(
         report.build(tmp_path)
     )
     with pytest.raises(ConfigError, match=re.escape("hydra.sweeper.metric='val_accuracy'")):
@@ -337,11 +337,11 @@ def test_the_verdict_names_the_better_group_by_the_metrics_direction(tmp_path):
         "no difference shown", None,
     )  # fmt: skip
     built = report.build(tmp_path)
-    text = report.markdown(built)
+    text = render.markdown(built)
     assert "| Welch 95% CI | verdict |" in text
     assert re.search(r"\| val_acc \|.*\| amp=bf16 better than amp=off \|\n", text)
     assert re.search(r"\| train_loss \|.*\| no difference shown \|\n", text)
-    report.write(built)
+    render.write(built)
     written = json.loads((tmp_path / "sweep_summary.json").read_text())["comparisons"][0]
     assert written["val_loss"]["verdict"] == "amp=off better than amp=bf16"
 
@@ -361,7 +361,7 @@ def test_losses_under_two_objectives_are_not_compared_and_accuracy_still_is(tmp_
         )  # fmt: skip
     assert got["val_acc"]["verdict"] == "objective=focal better than objective=cross_entropy"
     assert got["val_top5"]["verdict"] == "no difference shown"  # a score, not a loss
-    text = report.markdown(report.build(tmp_path))
+    text = render.markdown(report.build(tmp_path))
     assert re.search(r"\| val_loss \|.*\| not comparable: the objective differs \|\n", text)
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from repro.sweeps import report
+from repro.sweeps import render, report
 
 from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
 
@@ -90,7 +90,7 @@ def test_the_report_shows_test_accuracy_beside_validation_where_jobs_tested(tmp_
     fake_job(tmp_path, 1, ["seed=1"], val_acc=0.9, test_acc=0.75, test_loss=0.8)
     built = report.build(tmp_path)
     assert built.groups["all"]["test_acc"]["mean"] == pytest.approx(0.725)
-    text = report.markdown(built)
+    text = render.markdown(built)
     assert "| job | group | seed | val_acc | test_acc |" in text and "| 0.7500 |" in text
     untested = tmp_path / "untested"
     fake_job(untested, 0, ["seed=0", "amp=off"], val_acc=0.8)  # no test after training

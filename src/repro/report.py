@@ -13,7 +13,7 @@ from pathlib import Path
 
 from repro.errors import DataError, UserError, exit_with
 from repro.guards import folders
-from repro.sweeps import report
+from repro.sweeps import render, report
 
 
 def main(argv: list[str]) -> None:
@@ -32,8 +32,8 @@ def main(argv: list[str]) -> None:
                 raise DataError(f"{metric}: no finished job's summary.json holds a number there")
     except UserError as error:
         exit_with(error)
-    report.write(built)
-    print(report.markdown(built), end="")
+    render.write(built)
+    print(render.markdown(built), end="")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from repro.guards.text import for_terminal
 from repro.resume import overrides as recorded_overrides
 from repro.runs import run_lock
 from repro.runs.history import ATTEMPTS_FILE, RunHistory
-from repro.sweeps import ERROR_FILE, report
+from repro.sweeps import ERROR_FILE, render, report
 
 USAGE = "python -m repro.resume PATH [force=true] [trust=true]"
 SWEEP_RECORD = "multirun.yaml"
@@ -219,7 +219,7 @@ def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
     recorded_overrides.check_composes(relaunch, jobs[0].overrides if jobs else [], record)
     todo = [job for job in jobs if job.state != COMPLETE]
     if not todo:
-        report.write(report.build(sweep_dir))
+        render.write(report.build(sweep_dir))
         print(f"complete: all {len(jobs)} jobs of {sweep_dir} are done; report rewritten")
         return 0
     started = [job.folder for job in todo if job.folder is not None]
@@ -234,7 +234,7 @@ def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
     returncode = _relaunch(recorded, f"hydra.sweep.dir={sweep_dir.absolute()}", relaunch)
     write_text_atomic(record, first_record)  # Hydra wrote the relaunch's over the sweep's own
     if returncode != 0:  # the multirun did not get to write the report
-        report.write(report.build(sweep_dir))
+        render.write(report.build(sweep_dir))
     return returncode
 
 

@@ -22,14 +22,14 @@ class SweepReport(Callback):
         self.metrics = list(metrics or [])  # more numbers to summarise (hydra.callbacks...)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from repro.sweeps import report
+        from repro.sweeps import render, report
 
         sweep_dir = Path(config.hydra.sweep.dir)
         built = report.build(sweep_dir, self.metrics)
         if not built.jobs:
             return
-        report.write(built)
-        print(report.markdown(built), flush=True)
+        render.write(built)
+        print(render.markdown(built), flush=True)
         try:  # the report is written: a tracker that fails now costs only its copy
             from repro.watch import trackers
 

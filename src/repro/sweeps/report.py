@@ -10,10 +10,7 @@ seed (paired), others by Welch's interval (`compare`), and each difference gets 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -22,12 +19,9 @@ from typing import Any
 
 import yaml
 
-from repro.files import write_text_atomic
-from repro.guards.text import for_csv, for_terminal
 from repro.sweeps import DECISION_FILE, ERROR_FILE
 from repro.sweeps.stats import difference_of_means, paired_difference, summarize
 from repro.sweeps.verdict import TIMES, verdict
-from repro.watch.loggers import save_figure_atomic
 
 # The metrics shown first, in this order; test_acc and test_loss only where the jobs tested
 # after training (trainer.test_after_fit). Any other number a job's summary holds under one of
@@ -227,127 +221,3 @@ def _by_seed(pairs: list[tuple[Any, float]]) -> dict[Any, float]:
     """seed -> value, for the seeds that occur once (a repeated seed has no single partner)."""
     seeds = [seed for seed, _ in pairs]
     return {seed: value for seed, value in pairs if seed is not None and seeds.count(seed) == 1}
-
-
-def _fmt(x: float, digits: int = 4) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def markdown(report: Report) -> str:
-    lines = [f"# Sweep report: {report.sweep_dir}", ""]
-    counted, failed = sum(j.counted for j in report.jobs), sum(not j.ok for j in report.jobs)
-    pruned = len(report.jobs) - counted - failed  # said only where a search pruned some
-    said = f"{len(report.jobs)} jobs, {counted} finished, {failed} failed"
-    lines += [said + (f", {pruned} pruned." if pruned else "."), ""]
-    if report.adaptive:
-        lines += _adaptive_lines(report.adaptive)
-    lines += ["## Groups (95% confidence intervals, t distribution)", ""]
-    lines += [
-        "| group | metric | n | mean | std | min | max | 95% CI |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, metrics in report.groups.items():
-        for metric, s in metrics.items():
-            ci = f"[{_fmt(s['ci_low'])}, {_fmt(s['ci_high'])}]"
-            lines.append(
-                f"| {name} | {metric} | {s['count']} | {_fmt(s['mean'])} | {_fmt(s['std'])} | "
-                f"{_fmt(s['min'])} | {_fmt(s['max'])} | {ci} |"
-            )
-    if report.comparisons:
-        lines += ["", "## Differences (b - a, 95% CI: paired over shared seeds, else Welch)", ""]
-        lines += ["| a | b | metric | difference | 95% CI | test | Welch 95% CI | verdict |"]
-        lines += ["|---|---|---|---|---|---|---|---|"]
-        for comp in report.comparisons:
-            for metric in (m for m in report.metrics if m in comp):
-                d, w = comp[metric], comp[metric]["welch"]
-                cis = [f"[{_fmt(x['ci_low'])}, {_fmt(x['ci_high'])}]" for x in (d, w)]
-                lines.append(
-                    f"| {comp['a']} | {comp['b']} | {metric} | {_fmt(d['difference'])} | "
-                    f"{cis[0]} | {d['test']} | {cis[1]} | {d['verdict']} |"
-                )
-    lines += ["", "## Jobs", ""]
-    lines += ["| job | group | seed | val_acc | test_acc | weights_sha256 | status |"]
-    lines += ["|---|---|---|---|---|---|---|"]
-    for job in report.jobs:
-        s = job.summary or {}
-        status = {"ok": "ok", "pruned": f"pruned at step {s.get('step')}"}.get(job.status)
-        status = status or f"FAILED: {job.error}"
-        sha = s.get("weights_sha256", "")[:16]
-        seed, acc, test = s.get("seed", ""), _fmt(s.get("val_acc")), _fmt(s.get("test_acc"))
-        lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {test} | {sha} | {status} |")
-    # Groups, errors and metric names come from the jobs' files, and the table is printed.
-    return "\n".join(map(for_terminal, lines)) + "\n"
-
-
-def _adaptive_lines(decision: dict[str, Any]) -> list[str]:
-    """The adaptive sweeper's answer and its looks (hydra_plugins.repro.adaptive_seeds)."""
-    level = f"{100 * decision['look_confidence']:.2f}%"
-    heading = (
-        f"## Adaptive seeds: {decision['metric']} of b = {decision['b']} vs a = {decision['a']}"
-    )
-    lines = [heading, "", decision["why"], ""]
-    lines += [f"| seeds | {decision['metric']}: b - a | {level} CI |", "|---|---|---|"]
-    for look in decision["looks"]:
-        ci = f"[{_fmt(look['ci_low'])}, {_fmt(look['ci_high'])}]"
-        lines.append(f"| {look['seeds']} | {_fmt(look['difference'])} | {ci} |")
-    return [*lines, ""]
-
-
-def _job_row(job: Job, metrics: list[str]) -> dict[str, Any]:
-    summary = job.summary or {}
-    return {
-        "job": job.name,
-        "group": job.group,
-        "overrides": job.overrides,
-        "status": job.status,
-        "error": job.error,
-        "seed": summary.get("seed"),
-        "weights_sha256": summary.get("weights_sha256"),
-        **{m: summary.get(m) for m in metrics},
-    }
-
-
-def write(report: Report) -> None:
-    """sweep_summary.json, .csv, .md and sweep.png in the sweep folder."""
-    folder = report.sweep_dir
-    payload = {
-        "sweep_dir": str(folder),
-        "jobs": [_job_row(job, report.metrics) for job in report.jobs],
-        "groups": report.groups,
-        "comparisons": report.comparisons,
-        "adaptive": report.adaptive,
-    }
-    write_text_atomic(folder / "sweep_summary.json", json.dumps(payload, indent=2) + "\n")
-    columns = ["job", "group", "overrides", "status", "error", "seed", "weights_sha256"]
-    table = io.StringIO(newline="")
-    writer = csv.DictWriter(table, [*columns, *report.metrics])
-    # The jobs' files name the groups, errors and metrics: no cell may run in a spreadsheet.
-    writer.writerow({name: for_csv(name) for name in writer.fieldnames})
-    for row in payload["jobs"]:
-        cells = {**row, "overrides": " ".join(row["overrides"])}
-        writer.writerow({name: for_csv(value) for name, value in cells.items()})
-    write_text_atomic(folder / "sweep_summary.csv", table.getvalue())
-    write_text_atomic(folder / "sweep_summary.md", markdown(report))
-    plot(report, folder / "sweep.png")
-
-
-def plot(report: Report, out: Path) -> None:
-    """Validation accuracy per job, by group, with each group's mean and 95% CI."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(report.groups)
-    figure, axis = plt.subplots(figsize=(max(4, 1.6 * len(names) + 2), 4))
-    for x, name in enumerate(names):
-        accs = [j.summary["val_acc"] for j in report.jobs if j.counted and j.group == name]
-        axis.scatter([x] * len(accs), accs, color="tab:blue", alpha=0.6)
-        s = report.groups[name]["val_acc"]
-        if not math.isnan(s["ci_low"]):
-            spread = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]]
-            axis.errorbar(x + 0.15, s["mean"], yerr=spread, fmt="o", color="black", capsize=4)
-    axis.set_xticks(range(len(names)), names, rotation=20, ha="right")
-    axis.set(ylabel="validation accuracy", title="val_acc per job; mean and 95% CI per group")
-    axis.grid(alpha=0.3)
-    save_figure_atomic(figure, out)
