@@ -10,7 +10,7 @@ from hydra.errors import HydraException
 from torch import nn
 
 import repro.train
-from repro import build, config
+from repro import build, composition, config
 from repro.engine.losses import NonFiniteLossError, PendingLosses
 from repro.engine.position import Position
 from repro.errors import ConfigError, UserError, one_line
@@ -112,7 +112,7 @@ def test_an_unknown_key_on_the_command_line_is_one_line_naming_the_closest(
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exited, config.one_line_composition_errors():
+    with pytest.raises(SystemExit) as exited, composition.one_line_composition_errors():
         repro.train.main()  # as `python -m repro.train` runs it
     assert exited.value.code == 2
     assert capsys.readouterr().err == f"error: {UNKNOWN_KEYS[override]}\n"

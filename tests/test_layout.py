@@ -28,7 +28,7 @@ NAME = PACKAGE.name
 # export, resume and verify are tools with their own entry points. The core imports none of them
 # (the first test below), so its size counts only the machinery.
 AREAS = ("recipes", "components", "models", "search", "export", "resume", "verify")
-CORE_LINES = 6550  # 6000 until issue 40 added the guards; 6225 until issue 42 (data options,
+CORE_LINES = 6575  # 6000 until issue 40 added the guards; 6225 until issue 42 (data options,
 # loop.stop, the objective's Batch, sweep verdicts, one-line unknown keys)
 FOLDER_MODULES = 12
 

@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from repro import build, config, schema
+from repro import build, composition, config, schema
 from repro.data import fingerprint
 from repro.engine import assembly
 from repro.engine.loop import Trainer
@@ -321,7 +321,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     sys.argv = launch.torchrun_argv(launch.expand_seed_shorthand(sys.argv))
-    with config.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
+    with composition.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
         main()
     distributed.shutdown()
     if SweepReport.failed_jobs:
