@@ -241,11 +241,12 @@ def test_two_processes_give_the_weights_of_one_on_shards(packed, tmp_path):
 def test_a_run_on_shards_killed_mid_epoch_resumes_exactly(workers, packed, local_hash, tmp_path):
     command = [*SHARDS, f"data.root={packed}", "dataloader=default",
                f"dataloader.num_workers={workers}", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
-    killed = run_cli("repro.train", *command, env={"REPRO_FAULT": "step:8"})
+    killed = run_cli("repro.train", *command, env={"REPRO_FAULT": "step:9"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     resumed = run_cli("repro.train", *command)
     assert resumed.returncode == 0, resumed.stderr
     summary = read_summary(tmp_path / "run")
+    # The checkpoint of step 8 (3 steps an epoch: batch 2 of epoch 2): a resume mid-epoch.
     assert summary["resumed_from_step"] == 8 and summary["weights_sha256"] == local_hash
 
 
