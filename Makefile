@@ -1,7 +1,7 @@
 # Every target sets itself up on a fresh machine: uv is installed with pip if missing, then
 # `uv sync --locked` builds .venv from uv.lock (torch and torchvision from PyPI).
 UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
-RUN := $(UV) run --locked --extra dev --extra launchers --extra trackers --extra export
+RUN := $(UV) run --locked --extra dev --extra launchers --extra trackers --extra export --extra s3
 ARGS ?=
 
 .PHONY: help setup train test test-all verify-previous mutants mutants-known lint format sweep train-ddp bench clean
@@ -21,7 +21,7 @@ setup: .venv/.synced
 
 .venv/.synced: pyproject.toml uv.lock Makefile
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	$(UV) sync --locked --compile-bytecode --extra dev --extra launchers --extra trackers --extra export
+	$(UV) sync --locked --compile-bytecode --extra dev --extra launchers --extra trackers --extra export --extra s3
 	@touch $@
 
 train: setup

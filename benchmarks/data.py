@@ -15,7 +15,8 @@ nothing. Template and bare alternate (A B B A ...) so that drift in the machine 
 the figure is the median of the repetitions' ratios.
 
 With `data=imagefolder` the suite compares the template with torchvision's own loader instead
-(`folder_data.py`).
+(`folder_data.py`); with `data=shards`, shards with the same images as an image folder
+(`shard_data.py`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks import common, folder_data
+from benchmarks import common, folder_data, shard_data
 from benchmarks.common import Column, Result
 from repro import build
 from repro.data.loader import Batches, LoaderContext
@@ -168,6 +169,8 @@ def measure(cfg: DictConfig, data: Any, loader: Any, suite: Any) -> dict[str, An
 
 def run(cfg: DictConfig, run_dir: Path) -> Result:
     data = build.splits(cfg, int(cfg.seed.value))
+    if hasattr(data.train, "epoch_order"):  # shards: against the same images as a folder
+        return shard_data.run(cfg, run_dir, data)
     if in_memory(data.train) is None:  # files: the template against torchvision's loader
         return folder_data.run(cfg, run_dir)
     suite = cfg.suite

@@ -105,6 +105,7 @@ def _train(
             "init_weights": started_from,
             "classes": list(parts.data.classes),  # names for repro.predict's output
             "split_sizes": resume.split_sizes(parts.data),  # a resume checks its data by them
+            "split_digests": resume.split_digests(parts.data),
         }
         trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
         _start(trainer, state, run_dir)

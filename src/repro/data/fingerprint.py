@@ -3,7 +3,8 @@ numbers" before it trains.
 
 In-memory images (synthetic, CIFAR-10): a SHA-256 of their bytes and labels. Image files (a
 source with `paths`): of their paths relative to data.root, sizes, labels and contents. Any
-other source: of every image and label it gives, read once. Reading every file of a large
+source with a `digest()` (sharded data: its manifest's digests): that. Any other source: of
+every image and label it gives, read once. Reading every file of a large
 folder takes long, so a content hash that took more than CACHE_AFTER_S is kept in the user's
 cache, keyed by the folder's listing (paths, sizes, modification times): an unchanged folder
 is fingerprinted from its listing alone.
@@ -84,6 +85,9 @@ def _digest(source: Source, root: Path | None) -> str:
     held = in_memory(source)
     if held is not None:
         return _tensor_digest(held)
+    named = getattr(source, "digest", None)  # a source that names its contents (shards)
+    if callable(named):
+        return named()
     if hasattr(source, "paths"):
         return _files_digest(source, root or Path("/"))  # type: ignore[arg-type]
     return _samples_digest(source)

@@ -216,7 +216,10 @@ def train_loader(
     With `prepare_in_workers` (CPU training), workers that build whole batches also apply it.
     """
     seed = context.root_seed
-    sampler = EpochBatches(len(splits.train), batch_size, seed, context.rank, context.world)
+    order = getattr(splits.train, "epoch_order", None)  # a source's own (sharded data)
+    sampler = EpochBatches(
+        len(splits.train), batch_size, seed, context.rank, context.world, epoch_order=order
+    )
     view = TrainView(splits.train, transform, stream_seed(seed, "augment"))
     options = _loader_options(loader_cfg, context)
     if options["num_workers"] > 0:

@@ -3,7 +3,7 @@ evaluation passes in stored order, each cut into shards for torchrun ranks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import Sampler
@@ -17,13 +17,21 @@ class EpochBatches(Sampler[list[tuple[int, int]]]):
     With `world` ranks, step b of an epoch takes the next `batch_size * world` indices of the
     epoch's order and rank r gets the r-th slice of `batch_size`: the ranks see disjoint data
     and together cover the epoch (up to the incomplete last global batch, which is dropped).
+    A source may order its own epochs (`epoch_order(root_seed, epoch)`, a pure function of
+    both: sharded data reads shard by shard); the rest are shuffled whole.
     """
 
     def __init__(
-        self, size: int, batch_size: int, root_seed: int, rank: int = 0, world: int = 1
+        self,
+        size: int,
+        batch_size: int,
+        root_seed: int,
+        rank: int = 0,
+        world: int = 1,
+        epoch_order: Callable[[int, int], torch.Tensor] | None = None,
     ) -> None:
         self.size, self.batch_size, self.root_seed = size, batch_size, root_seed
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.epoch_order = rank, world, epoch_order
         self.epoch, self.start, self.epochs = 0, 0, 1
 
     def set_epoch(self, epoch: int, start_batch: int = 0, epochs: int = 1) -> None:
@@ -35,6 +43,8 @@ class EpochBatches(Sampler[list[tuple[int, int]]]):
 
     def order(self, epoch: int) -> torch.Tensor:
         """The epoch's order, the same on every rank: a pure function of (seed, epoch)."""
+        if self.epoch_order is not None:
+            return self.epoch_order(self.root_seed, epoch)
         return torch.randperm(self.size, generator=torch_generator(self.root_seed, "order", epoch))
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:

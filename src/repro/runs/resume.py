@@ -206,6 +206,14 @@ def check_same_data(state: dict[str, Any], data: Splits, root: Any) -> None:
             f"({', '.join(changed)} images); resuming would not continue the same run: put the "
             "data back as it was, or train the new data in a new run folder"
         )
+    before, digests = state.get("split_digests") or {}, split_digests(data)
+    changed = [split for split in digests if split in before and before[split] != digests[split]]
+    if changed:
+        raise CheckpointError(
+            f"data.root={root}: the data's {', '.join(changed)} changed since this run folder's "
+            "checkpoint (its manifest is another); resuming would not continue the same run: "
+            "put the data back as it was, or train the new data in a new run folder"
+        )
 
 
 def check_same_classes(state: dict[str, Any], classes: list[str], root: Any, why: str) -> None:
@@ -222,6 +230,13 @@ def check_same_classes(state: dict[str, Any], classes: list[str], root: Any, why
 def split_sizes(data: Splits) -> dict[str, int]:
     """How many images each split holds: stored in checkpoints for `check_same_data`."""
     return {"train": len(data.train), "val": len(data.val), "test": len(data.test)}
+
+
+def split_digests(data: Splits) -> dict[str, str]:
+    """The digests of the splits whose source names its contents cheaply (`digest()`: a
+    sharded dataset's manifest), stored in checkpoints for `check_same_data`."""
+    named = {split: getattr(getattr(data, split), "digest", None) for split in split_sizes(data)}
+    return {split: digest() for split, digest in named.items() if callable(digest)}
 
 
 def _listed(classes: Any) -> str:
