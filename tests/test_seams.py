@@ -411,3 +411,16 @@ def test_the_runs_components_reach_an_objective_in_training_evaluation_and_the_t
                         f"+components.teacher._target_={__name__}.StillTeacher"),
     )  # fmt: skip
     assert summary["completed"] and "test_loss" in summary
+
+
+labelled_shapes.may_change = ("note",)  # says how to read, not what: a resume may change it
+
+
+def test_a_resume_takes_other_values_only_for_the_settings_its_builder_says_may_change():
+    cfg = compose_config(*OWN, "+data.note=first")
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    moved = compose_config(*OWN, "+data.note=second")
+    resume.check_compatible({"config": saved, "resolved": {}}, moved, {})
+    other = compose_config(*OWN, "data.labels_file=other.csv", "+data.note=first")
+    with pytest.raises(CheckpointError, match=r"data\.labels_file: 'labels\.csv' -> 'other\.csv'"):
+        resume.check_compatible({"config": saved, "resolved": {}}, other, {})

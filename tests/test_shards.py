@@ -166,7 +166,9 @@ def test_a_halted_run_resumes_mid_epoch_to_the_straight_weights(packed, local_ha
     overrides = [*SHARDS, f"data.root={packed}"]
     halted = train_in_process(tmp_path / "run", *overrides, "trainer.halt_at_step=5")
     assert halted["step"] == 5 and not halted["completed"]  # batch 2 of epoch 1, saved there
-    resumed = train_in_process(tmp_path / "run", *overrides)
+    # Another cache folder and size say where and how to read, not what: the resume takes them.
+    moved = [f"data.cache_dir={tmp_path / 'elsewhere'}", "data.cache_gib=1.0"]
+    resumed = train_in_process(tmp_path / "run", *overrides, *moved)
     assert resumed["resumed_from_step"] == 5 and resumed["weights_sha256"] == local_hash
 
 

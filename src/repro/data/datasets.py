@@ -258,6 +258,17 @@ def check_settings(builder: Callable[..., Any], data: DictConfig) -> dict[str, A
     return given
 
 
+def settings_that_may_change(data: DictConfig) -> tuple[str, ...]:
+    """`data.<key>` of the option's own settings that say where or how to read, not what (a
+    cache folder, an endpoint): its builder lists them as `may_change`, and a resume takes
+    other values for them."""
+    try:
+        named = getattr(builder(data), "may_change", ())
+    except ConfigError:  # a builder that cannot be imported is reported where it is built
+        return ()
+    return tuple(f"data.{key}" for key in named if isinstance(key, str))
+
+
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a config value can be an argument annotated `hint` (simple types only; any
     other annotation is taken on trust)."""

@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from repro import config, schema
+from repro.data import datasets
 from repro.data.datasets import Splits
 from repro.errors import CheckpointError
 from repro.runs import checkpoint
@@ -179,10 +180,11 @@ def _check_config(saved: dict[str, Any], cfg: DictConfig, classes: int | None) -
     for key in INFERRED:
         if now.get(key, 0) is None and before.get(key) == classes:
             now[key] = classes
+    may_change = (*MAY_CHANGE, *datasets.settings_that_may_change(cfg.data))
     differing = sorted(
         key
         for key in now.keys() | before.keys()
-        if now.get(key) != before.get(key) and not key.startswith(MAY_CHANGE)
+        if now.get(key) != before.get(key) and not key.startswith(may_change)
     )
     if differing:
         shown = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in differing[:8])

@@ -172,3 +172,7 @@ def shards(
         train, val = carve_validation(train, cfg.val_size, split_seed)
     test = split("test") if "test" in manifest.splits else val
     return Splits(train, val, test, classes, any_size=True)
+
+
+# Where and how the shards are read, not what: a resume may name another cache or endpoint.
+shards.may_change = ("cache_dir", "cache_gib", "endpoint_url")  # type: ignore[attr-defined]
