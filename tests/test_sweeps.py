@@ -184,3 +184,37 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
         assert process.wait(timeout=120) == 0, process.stderr.read()
     folders = [p for p in tmp_path.iterdir() if (p / "summary.json").exists()]
     assert len(folders) == 2
+
+
+# ---- the unit: the end-of-multirun callback (fast, in-process) -----------------------------
+
+
+def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from repro.sweeps.callback import SweepReport
+    from test_sweep_statistics import fake_job
+
+    for seed in range(2):
+        fake_job(tmp_path, seed, ["amp=off", f"seed.value={seed}"], seed, best_val_acc=0.5 + seed)
+    fake_job(tmp_path, 2, ["amp=off", "seed.value=2"], 2)
+    (tmp_path / "2" / "summary.json").unlink()
+    (tmp_path / "2" / "error.txt").write_text("ConfigError: ...\n")
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {}})
+    SweepReport.failed_jobs = 0
+    try:
+        SweepReport(metrics=["best_val_acc"]).on_multirun_end(config)
+        assert SweepReport.failed_jobs == 1  # repro.train exits non-zero on it
+    finally:
+        SweepReport.failed_jobs = 0
+    expected = report.build(tmp_path, ["best_val_acc"])
+    assert capsys.readouterr().out == render.markdown(expected) + "\n"
+    written = json.loads((tmp_path / "sweep_summary.json").read_text())
+    assert written["groups"]["all"]["best_val_acc"]["mean"] == 1.0  # the metric asked for
+    for name in ("sweep_summary.csv", "sweep_summary.md", "sweep.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    # A sweep folder with no jobs yet (all of them refused before starting): nothing written.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(empty)}}}))
+    assert list(empty.iterdir()) == [] and SweepReport.failed_jobs == 0
