@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from repro import build, callbacks
 from repro.engine.evaluation import Predictions
 from repro.errors import CheckpointError, ConfigError
-from repro.objectives import Checked, CrossEntropy, Targets, batch_means
+from repro.objectives import Checked, CrossEntropy, Targets, batch_means, batch_sums
+from repro.objectives import checked as objectives_checked
 from repro.runs import resume, trust
 
 from conftest import compose_config, tiny
@@ -424,3 +425,81 @@ def test_a_resume_takes_other_values_only_for_the_settings_its_builder_says_may_
     other = compose_config(*OWN, "data.labels_file=other.csv", "+data.note=first")
     with pytest.raises(CheckpointError, match=r"data\.labels_file: 'labels\.csv' -> 'other\.csv'"):
         resume.check_compatible({"config": saved, "resolved": {}}, other, {})
+
+
+# ---- the objective's unit: exact values and exact refusals ---------------------------------
+
+
+def test_a_callable_without_a_signature_is_called_with_two_arguments():
+    assert not Checked(iter, "iter").takes_batch  # a builtin inspect cannot read
+
+
+def test_batch_sums_count_a_batch_value_once_per_image_and_sum_per_image_values():
+    sums = batch_sums({"per_image": torch.tensor([1.0, 2.5]), "batch": torch.tensor(2.0)}, 3)
+    assert {name: value.item() for name, value in sums.items()} == {"per_image": 3.5, "batch": 6.0}
+    assert all(value.dtype == torch.float64 for value in sums.values())
+
+
+@pytest.mark.parametrize(
+    ("returned", "allowed"),
+    [
+        (lambda n: torch.zeros(n), 'must return a dict of tensors holding "loss"'),
+        (lambda n: {"loss": torch.zeros(n), "two words": torch.zeros(n)},
+         "returned the term 'two words'; use term names that are identifiers other than acc, "
+         "confusion"),
+        (lambda n: {"loss": torch.zeros(n), "acc": torch.zeros(n)},
+         "returned the term 'acc'; use term names that are identifiers other than acc, confusion"),
+        (lambda n: {"loss": torch.zeros(n, 2)},
+         "returned 'loss' as (4, 2); use a tensor of shape (4,) (per image) or () (per batch)"),
+    ],
+)  # fmt: skip
+def test_a_wrong_result_is_refused_naming_the_objective_and_what_is_allowed(returned, allowed):
+    checked = Checked(lambda logits, targets: returned(len(logits)), "mine.Objective")
+    with pytest.raises(ConfigError) as caught:
+        checked(torch.zeros(4, 3), Targets(torch.zeros(4, dtype=torch.long)), *SEEN(4))
+    error = caught.value
+    assert (error.key, error.value, error.allowed) == (
+        "objective._target_",
+        "mine.Objective",
+        allowed,
+    )
+
+
+def test_only_the_first_result_is_checked(monkeypatch):
+    from repro import objectives
+
+    calls = []
+    monkeypatch.setattr(objectives, "check_terms", lambda *arguments: calls.append(arguments))
+    checked = Checked(CrossEntropy(), "ce")
+    for _ in range(3):
+        checked(torch.zeros(4, 3), Targets(torch.zeros(4, dtype=torch.long)), *SEEN(4))
+    assert len(calls) == 1 and calls[0][1:] == (4, "ce")  # no check costs the steps after it
+
+
+def test_an_objective_given_by_hand_is_named_by_its_function_or_its_class():
+    def my_loss(logits, targets):
+        return {}
+
+    assert objectives_checked(my_loss).target.endswith("my_loss")
+    assert objectives_checked(CrossEntropy()).target == "CrossEntropy"
+    already = Checked(CrossEntropy(), "built.by.the.template")
+    assert objectives_checked(already) is already
+
+
+def test_label_smoothing_reaches_the_cross_entropy():
+    logits, labels = torch.randn(5, 4), torch.tensor([0, 1, 2, 3, 0])
+    smoothed = CrossEntropy(0.1)(logits, Targets(labels))["loss"]
+    expected = torch.nn.functional.cross_entropy(
+        logits, labels, label_smoothing=0.1, reduction="none"
+    )
+    assert torch.equal(smoothed, expected)
+    assert not torch.allclose(smoothed, CrossEntropy()(logits, Targets(labels))["loss"])
+
+
+def test_a_missing_component_is_refused_under_its_key():
+    from repro.objectives import Batch
+
+    batch = Batch(torch.zeros(1), torch.nn.Identity(), {}, True)
+    with pytest.raises(ConfigError) as caught:
+        batch.component("teacher")
+    assert caught.value.key == "components.teacher"
