@@ -5,6 +5,7 @@ and the same command continues where it stopped."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import statistics
@@ -432,3 +433,37 @@ def test_the_adaptive_sweeper_says_better_and_refuses_a_metric_the_swept_key_cha
     ):
         sweeper._check_metric()
     sweeper_over(tmp_path, metric="val_acc")._check_metric()  # accuracy: the same quantity
+
+
+# ---- verdict's units to the exact answer ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "said"),
+    [(0.1, 0.3, "higher"), (-0.3, -0.1, "lower"), (0.0, 1.0, None), (-1.0, 0.0, None),
+     (0.5, 0.5, None), (math.nan, -1.0, None), (1.0, math.nan, None), (-0.2, 0.2, None)],
+)  # fmt: skip
+def test_an_interval_says_a_side_only_when_it_has_width_and_leaves_out_zero(low, high, said):
+    assert verdict.side(low, high) == said
+
+
+def test_a_metrics_direction_comes_from_its_name_else_from_the_monitor_mode():
+    assert verdict.higher_is_better("val_acc") and verdict.higher_is_better("test_class_acc_3")
+    assert verdict.higher_is_better("best_val_loss") is False
+    assert verdict.higher_is_better("wall_s") is False
+    modes = {"val_dice": "max", "val_penalty": "min"}
+    assert verdict.higher_is_better("best_val_dice", modes) is True
+    assert verdict.higher_is_better("val_penalty", modes) is False
+    assert verdict.higher_is_better("val_other", modes) is None
+    assert verdict.higher_is_better("parameters") is None  # a number of no split
+
+
+def test_the_comparability_rule_reads_each_override_key_as_a_whole():
+    # A number of no split never measures the data.
+    assert verdict.incomparable("parameters", ["data.root=/a"]) is None
+    # data.cache keeps the splits; a value holding "=" does not make another key of it.
+    assert verdict.incomparable("val_acc", ["data.cache=memory=x"]) is None
+    # Under two objectives every train_ column is another quantity, accuracy included.
+    assert verdict.incomparable("train_acc", ["objective=focal"]) == "the objective differs"
+    said = verdict.verdict("val_focal", -0.3, -0.1, keys=["objective=focal"], terms=["focal"])
+    assert said.verdict == "not comparable: the objective differs" and said.better is None
