@@ -36,11 +36,12 @@ SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".
 WORD = re.compile(rf"\b{OLD}\b", re.IGNORECASE)  # not "reproducible": \b needs a word end
 # What `--minimal` leaves out: paths, or folders and name prefixes ending in "/" or "_". The
 # core imports none of it (tests/test_layout.py), and no other test needs it.
+CONF = f"src/{OLD}/conf"  # the config groups ship in the package; the top-level conf/ links here
 LEFT_OUT_BY_MINIMAL = (
-    f"src/{OLD}/recipes/", "benchmarks/", "conf/suite/", "conf/bench.yaml",
-    "conf/model/whitened_cnn.yaml", "conf/model/resnet9.yaml",
-    "conf/experiment/cifar10_airbench.yaml", "conf/experiment/cifar10_speedrun.yaml",
-    "conf/components/lookahead.yaml",
+    f"src/{OLD}/recipes/", "benchmarks/", f"{CONF}/suite/", f"{CONF}/bench.yaml",
+    f"{CONF}/model/whitened_cnn.yaml", f"{CONF}/model/resnet9.yaml",
+    f"{CONF}/experiment/cifar10_airbench.yaml", f"{CONF}/experiment/cifar10_speedrun.yaml",
+    f"{CONF}/components/lookahead.yaml",
     "tests/test_recipe_", "tests/test_bench.py", "scripts/gpu_figures.sh",
     "scripts/device_batch_cost.py", "docs/benchmarks.md",
 )  # fmt: skip
@@ -83,8 +84,8 @@ def is_kept(rel: str) -> bool:
         return False
     if parts[0] == "outputs":
         return rel == "outputs/.gitkeep"
-    if parts[:2] == ["conf", "local"]:
-        return rel == "conf/local/.gitkeep"
+    if rel.startswith(f"{CONF}/local/"):
+        return rel == f"{CONF}/local/.gitkeep"
     return parts[0] != "data"
 
 
@@ -92,13 +93,19 @@ def template_files() -> list[str]:
     """Tracked and not-ignored untracked files, relative to ROOT; a filtered walk without git."""
     try:
         listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT)
-        files = [f for f in listed.split("\0") if f and (ROOT / f).is_file()]
+        # A link (conf/ -> src/repro/conf) is kept as a link: is_file() would follow it.
+        files = [f for f in listed.split("\0") if f and _is_file_or_link(ROOT / f)]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout
         files = []
         for folder, subfolders, names in os.walk(ROOT):
             subfolders[:] = [d for d in subfolders if d not in SKIP_PARTS]  # never enter .venv
-            files += [(Path(folder) / n).relative_to(ROOT).as_posix() for n in names]
+            links = [d for d in subfolders if (Path(folder) / d).is_symlink()]  # walk skips them
+            files += [(Path(folder) / n).relative_to(ROOT).as_posix() for n in names + links]
     return sorted(f for f in set(files) if is_kept(f))
+
+
+def _is_file_or_link(path: Path) -> bool:
+    return path.is_symlink() or path.is_file()
 
 
 def is_recipe_or_benchmark(rel: str) -> bool:
@@ -161,6 +168,9 @@ def copy_project(name: str, dest: Path, minimal: bool = False) -> int:
     for rel in files:
         source, target = ROOT / rel, dest / WORD.sub(name, rel)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # conf -> src/repro/conf: renamed like a path
+            target.symlink_to(WORD.sub(name, str(source.readlink())))
+            continue
         try:
             text = rename(source.read_text(encoding="utf-8"), rel, name)
             if minimal and rel == "Makefile":

@@ -64,5 +64,6 @@ def test_git_ignores_the_local_file_but_keeps_its_folder():
     def ignored(path: str) -> bool:
         return subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0
 
-    assert ignored("conf/local/default.yaml")
-    assert not ignored("conf/local/.gitkeep")
+    # conf/ is a link to the package's conf/, where git sees the files.
+    assert ignored("src/repro/conf/local/default.yaml")
+    assert not ignored("src/repro/conf/local/.gitkeep")

@@ -160,11 +160,13 @@ def test_ignored_files_stay_behind_and_dest_defaults_to_a_sibling(use_git, tmp_p
     keep = {
         ".gitignore": (ROOT / ".gitignore").read_text(),
         f"src/{TEMPLATE}/__init__.py": '__version__ = "9.9"\n',
-        "conf/local/.gitkeep": "", "outputs/.gitkeep": "", "README.md": f"# {TEMPLATE}\n",
+        f"src/{TEMPLATE}/conf/local/.gitkeep": "", "outputs/.gitkeep": "",
+        "README.md": f"# {TEMPLATE}\n",
     }  # fmt: skip
     for rel, text in keep.items():
         (template / rel).parent.mkdir(parents=True, exist_ok=True)
         (template / rel).write_text(text)
+    (template / "conf").symlink_to(f"src/{TEMPLATE}/conf")  # as in the template
     if use_git:
         git("init", "--quiet", cwd=template)
         git("add", "--all", cwd=template)
@@ -183,8 +185,10 @@ def test_ignored_files_stay_behind_and_dest_defaults_to_a_sibling(use_git, tmp_p
     assert script.main(["zebra"]) == 0
     made = tmp_path / "zebra"  # ../NAME next to the template
     copied = {str(p.relative_to(made)) for p in files(made)}
-    assert copied == {
-        ".gitignore", "src/zebra/__init__.py", "conf/local/.gitkeep", "outputs/.gitkeep",
+    # The link is copied as a link, renamed, and nothing else came through it.
+    assert os.readlink(made / "conf") == "src/zebra/conf"
+    assert {rel for rel in copied if not rel.startswith("conf/")} == {
+        ".gitignore", "src/zebra/__init__.py", "src/zebra/conf/local/.gitkeep", "outputs/.gitkeep",
         "README.md", "TEMPLATE.md",
     }  # fmt: skip
     assert (made / "README.md").read_text() == "# zebra\n"

@@ -36,7 +36,9 @@ import yaml
 from repro.errors import UserError
 
 PACKAGE = __name__.split(".")[0]
-CONF = Path(__file__).resolve().parents[3] / "conf"  # src/repro/runs/ -> the checkout
+# The engine's config groups ship inside the package (the checkout's top-level conf/ is a link
+# to them), so an engine installed from a wheel reads the same files it was built with.
+CONF = Path(__file__).resolve().parents[1] / "conf"  # src/repro/runs/ -> src/repro/conf
 LOCAL_LIST = Path("local") / "trusted.yaml"  # under conf/
 HOW_TO_TRUST = (
     "if you trust whoever made this file, add trust=true; or name the target in a YAML file "
@@ -140,9 +142,9 @@ def trusted(target: str, place: str | None = None) -> bool:
 @functools.cache
 def conf_targets() -> dict[str, frozenset[str | None]]:
     """Every `_target_` key's value in the YAML files of conf/ that git tracks (all of conf/
-    but conf/local/ outside a git checkout), with the sections it is built in: its group's
-    (conf/model/x.yaml: `model`), or its top-level key in a `_global_` file; a target of
-    conf/local/trusted.yaml, anywhere (None)."""
+    but conf/local/ where git tracks none of it: an installed engine), with the sections it
+    is built in: its group's (conf/model/x.yaml: `model`), or its top-level key in a
+    `_global_` file; a target of conf/local/trusted.yaml, anywhere (None)."""
     found: dict[str, set[str | None]] = {}
     for path in [*_tracked_yaml(CONF), CONF / LOCAL_LIST]:
         try:
@@ -175,8 +177,13 @@ def _tracked_yaml(conf: Path) -> list[Path]:
             capture_output=True, text=True, check=True, timeout=30,
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):  # no git, or not a git checkout
-        return [p for p in conf.rglob("*.yaml") if (conf / "local") not in p.parents]
-    return [conf / name for name in listed.split("\0") if name.endswith(".yaml")]
+        listed = ""
+    tracked = [conf / name for name in listed.split("\0") if name.endswith(".yaml")]
+    if tracked:
+        return tracked
+    # Nothing tracked: no checkout's conf/ but an installed engine's (in a project's .venv,
+    # which its git ignores), whose files are the wheel's: all of them but local/.
+    return sorted(p for p in conf.rglob("*.yaml") if (conf / "local") not in p.parents)
 
 
 def interpolates(value: str) -> bool:
