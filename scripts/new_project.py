@@ -1,13 +1,20 @@
 """Start a new experiment from this template: `python scripts/new_project.py NAME [--dest DIR]
-[--minimal]`.
+[--own-engine [--minimal]]`.
 
-Copies the template's files (what git tracks, plus new files it does not ignore) into DIR
-(default: ../NAME next to the template), renames the package `repro` to NAME in paths, code,
-configs, tests and docs, records where it came from in TEMPLATE.md, and makes one initial
-commit in a fresh git repository. Leaves behind run outputs, caches, virtual environments and
-git-ignored local files. With `--minimal`, the fast-CIFAR recipes and the benchmarks stay
-behind too (`LEFT_OUT_BY_MINIMAL`), with their configs, tests and scripts: the core alone.
-Standard library only, so any Python 3.10+ can run it.
+By default the project holds only its own code and depends on the engine (docs/engine.md): the
+files of scripts/skeleton/ renamed to NAME (a README, conf/ composing the engine's config
+groups through Hydra's search path, one small example of each seam in src/NAME/, tests,
+Makefile, CI), a wheel of this checkout's engine in engine/, and a uv.lock pinning it by hash,
+so that `make setup` needs nothing but PyPI. Needs uv (as `make setup` does).
+
+With `--own-engine` it copies the template's files (what git tracks, plus new files it does
+not ignore) into DIR (default: ../NAME next to the template), renames the package `repro` to
+NAME in paths, code, configs, tests and docs and records where it came from in TEMPLATE.md.
+It leaves behind run outputs, caches, virtual environments and git-ignored local files. With
+`--minimal` (implies `--own-engine`), the fast-CIFAR recipes and the benchmarks stay behind too
+(`LEFT_OUT_BY_MINIMAL`), with their configs, tests and scripts: the core alone. Either way it
+makes one initial commit in a fresh git repository. Standard library only, so any Python
+3.10+ can run it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ SHADOWED = {
     "onnxscript", "safetensors", "test", "tests", "src", "conf", "scripts",
     "docs", "outputs", "data", "benchmarks",
 }  # fmt: skip
+SKELETON = ROOT / "scripts" / "skeleton"  # a project's own files; its package is `skeleton`
+SKELETON_WORD = re.compile(r"\bskeleton\b")
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl"}
 WORD = re.compile(rf"\b{OLD}\b", re.IGNORECASE)  # not "reproducible": \b needs a word end
 # What `--minimal` leaves out: paths, or folders and name prefixes ending in "/" or "_". The
@@ -183,6 +192,74 @@ def copy_project(name: str, dest: Path, minimal: bool = False) -> int:
     return len(files) + 1
 
 
+def engine_version() -> str:
+    init = (ROOT / "src" / OLD / "__init__.py").read_text()
+    found = re.search(r"""__version__\s*=\s*["']([^"']+)""", init)
+    return found.group(1) if found else "unknown"
+
+
+def template_commit() -> str:
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD", cwd=ROOT).strip()
+        return commit + ("-dirty" if git("status", "--porcelain", cwd=ROOT).strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def build_engine(into: Path) -> str:
+    """A wheel of this checkout's engine in `into`; returns its file name. The project keeps it
+    (a few hundred kB), so that uv.lock pins the engine by hash and a fresh clone sets up with
+    no access to this template."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise RefusedError("uv is needed to build the engine's wheel (pip install uv)")
+    done = subprocess.run(
+        [uv, "build", "--wheel", "--quiet", "--out-dir", str(into), str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    (into / ".gitignore").unlink(missing_ok=True)  # uv's own, "*": the project commits the wheel
+    wheels = sorted(into.glob(f"{OLD}-*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        raise RefusedError(f"could not build the engine's wheel: {done.stderr.strip()[-500:]}")
+    return wheels[0].name
+
+
+def lock(dest: Path) -> None:
+    """uv.lock for the project. The template's lock is put there first: uv keeps the versions
+    it pins where they fit (what this machine's cache holds, what the engine is tested with)."""
+    shutil.copyfile(ROOT / "uv.lock", dest / "uv.lock")
+    done = subprocess.run(
+        [shutil.which("uv") or "uv", "lock", "--quiet"], cwd=dest, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RefusedError(f"uv lock failed in {dest}: {done.stderr.strip()[-500:]}")
+
+
+def make_project(name: str, dest: Path) -> int:
+    """The skeleton renamed to `name`, the engine's wheel and a lock; returns files written."""
+    wheel = build_engine(dest / "engine")
+    values = {
+        "@ENGINE_VERSION@": engine_version(), "@ENGINE_WHEEL@": wheel,
+        "@ENGINE_COMMIT@": template_commit(),
+    }  # fmt: skip
+    sources = sorted(p for p in SKELETON.rglob("*") if p.is_file() and is_kept_skeleton(p))
+    for source in sources:
+        rel = source.relative_to(SKELETON).as_posix()
+        target = dest / SKELETON_WORD.sub(name, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = SKELETON_WORD.sub(name, source.read_text(encoding="utf-8"))
+        for placeholder, value in values.items():
+            text = text.replace(placeholder, value)
+        target.write_text(text, "utf-8")
+    lock(dest)
+    return len(sources) + 2  # and the wheel, the lock
+
+
+def is_kept_skeleton(path: Path) -> bool:
+    return not ({"__pycache__", ".pytest_cache", ".ruff_cache"} & set(path.parts))
+
+
 def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -250,9 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", help="the new package name, a Python identifier")
     parser.add_argument("--dest", type=Path, help="where to write it (default: ../NAME)")
     parser.add_argument(
-        "--minimal", action="store_true", help="the core alone: no recipes, no benchmarks"
-    )
+        "--own-engine", action="store_true",
+        help="copy the whole template, engine included, to edit the loop itself",
+    )  # fmt: skip
+    parser.add_argument(
+        "--minimal", action="store_true",
+        help="with --own-engine: the core alone, no recipes, no benchmarks",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    own_engine = args.own_engine or args.minimal
     dest = (args.dest or ROOT.parent / args.name).expanduser().absolute()
     try:
         check_name(args.name)
@@ -260,8 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     except RefusedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    count = copy_project(args.name, dest, args.minimal)
-    note = format_code(dest)
+    if own_engine:
+        count = copy_project(args.name, dest, args.minimal)
+        note = format_code(dest)
+    else:
+        try:
+            count = make_project(args.name, dest)
+        except RefusedError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        note = None
     try:
         initial_commit(dest)
     except (OSError, subprocess.CalledProcessError) as error:

@@ -31,7 +31,9 @@ def test_the_wheel_holds_the_config_groups_but_no_local_file(tmp_path):
             local.unlink()
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = {n.removeprefix("repro/conf/") for n in names if n.startswith("repro/conf/")}
+    shipped = {n.removeprefix("repro/conf/") for n in names if n.startswith("repro/conf/")} - {
+        "__init__.py"
+    }  # a package, for Hydra's pkg:// search path
     tracked = {p.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml")}
     assert shipped == {t for t in tracked if not t.startswith("local/")}
     assert "config.yaml" in shipped
