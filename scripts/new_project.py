@@ -1,13 +1,20 @@
 """Start a new experiment from this template: `python scripts/new_project.py NAME [--dest DIR]
-[--minimal]`.
+[--own-engine [--minimal]]`.
 
-Copies the template's files (what git tracks, plus new files it does not ignore) into DIR
-(default: ../NAME next to the template), renames the package `repro` to NAME in paths, code,
-configs, tests and docs, records where it came from in TEMPLATE.md, and makes one initial
-commit in a fresh git repository. Leaves behind run outputs, caches, virtual environments and
-git-ignored local files. With `--minimal`, the fast-CIFAR recipes and the benchmarks stay
-behind too (`LEFT_OUT_BY_MINIMAL`), with their configs, tests and scripts: the core alone.
-Standard library only, so any Python 3.10+ can run it.
+By default the project holds only its own code and depends on the engine (docs/engine.md): the
+files of scripts/skeleton/ renamed to NAME (a README, conf/ composing the engine's config
+groups through Hydra's search path, one small example of each seam in src/NAME/, tests,
+Makefile, CI), a wheel of this checkout's engine in engine/, and a uv.lock pinning it by hash,
+so that `make setup` needs nothing but PyPI. Needs uv (as `make setup` does).
+
+With `--own-engine` it copies the template's files (what git tracks, plus new files it does
+not ignore) into DIR (default: ../NAME next to the template), renames the package `repro` to
+NAME in paths, code, configs, tests and docs and records where it came from in TEMPLATE.md.
+It leaves behind run outputs, caches, virtual environments and git-ignored local files. With
+`--minimal` (implies `--own-engine`), the fast-CIFAR recipes and the benchmarks stay behind too
+(`LEFT_OUT_BY_MINIMAL`), with their configs, tests and scripts: the core alone. Either way it
+makes one initial commit in a fresh git repository. Standard library only, so any Python
+3.10+ can run it.
 """
 
 from __future__ import annotations
@@ -32,15 +39,18 @@ SHADOWED = {
     "onnxscript", "safetensors", "test", "tests", "src", "conf", "scripts",
     "docs", "outputs", "data", "benchmarks",
 }  # fmt: skip
+SKELETON = ROOT / "scripts" / "skeleton"  # a project's own files; its package is `skeleton`
+SKELETON_WORD = re.compile(r"\bskeleton\b")
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl"}
 WORD = re.compile(rf"\b{OLD}\b", re.IGNORECASE)  # not "reproducible": \b needs a word end
 # What `--minimal` leaves out: paths, or folders and name prefixes ending in "/" or "_". The
 # core imports none of it (tests/test_layout.py), and no other test needs it.
+CONF = f"src/{OLD}/conf"  # the config groups ship in the package; the top-level conf/ links here
 LEFT_OUT_BY_MINIMAL = (
-    f"src/{OLD}/recipes/", "benchmarks/", "conf/suite/", "conf/bench.yaml",
-    "conf/model/whitened_cnn.yaml", "conf/model/resnet9.yaml",
-    "conf/experiment/cifar10_airbench.yaml", "conf/experiment/cifar10_speedrun.yaml",
-    "conf/components/lookahead.yaml",
+    f"src/{OLD}/recipes/", "benchmarks/", f"{CONF}/suite/", f"{CONF}/bench.yaml",
+    f"{CONF}/model/whitened_cnn.yaml", f"{CONF}/model/resnet9.yaml",
+    f"{CONF}/experiment/cifar10_airbench.yaml", f"{CONF}/experiment/cifar10_speedrun.yaml",
+    f"{CONF}/components/lookahead.yaml",
     "tests/test_recipe_", "tests/test_bench.py", "scripts/gpu_figures.sh",
     "scripts/device_batch_cost.py", "docs/benchmarks.md",
 )  # fmt: skip
@@ -83,8 +93,8 @@ def is_kept(rel: str) -> bool:
         return False
     if parts[0] == "outputs":
         return rel == "outputs/.gitkeep"
-    if parts[:2] == ["conf", "local"]:
-        return rel == "conf/local/.gitkeep"
+    if rel.startswith(f"{CONF}/local/"):
+        return rel == f"{CONF}/local/.gitkeep"
     return parts[0] != "data"
 
 
@@ -92,13 +102,19 @@ def template_files() -> list[str]:
     """Tracked and not-ignored untracked files, relative to ROOT; a filtered walk without git."""
     try:
         listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT)
-        files = [f for f in listed.split("\0") if f and (ROOT / f).is_file()]
+        # A link (conf/ -> src/repro/conf) is kept as a link: is_file() would follow it.
+        files = [f for f in listed.split("\0") if f and _is_file_or_link(ROOT / f)]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout
         files = []
         for folder, subfolders, names in os.walk(ROOT):
             subfolders[:] = [d for d in subfolders if d not in SKIP_PARTS]  # never enter .venv
-            files += [(Path(folder) / n).relative_to(ROOT).as_posix() for n in names]
+            links = [d for d in subfolders if (Path(folder) / d).is_symlink()]  # walk skips them
+            files += [(Path(folder) / n).relative_to(ROOT).as_posix() for n in names + links]
     return sorted(f for f in set(files) if is_kept(f))
+
+
+def _is_file_or_link(path: Path) -> bool:
+    return path.is_symlink() or path.is_file()
 
 
 def is_recipe_or_benchmark(rel: str) -> bool:
@@ -161,6 +177,9 @@ def copy_project(name: str, dest: Path, minimal: bool = False) -> int:
     for rel in files:
         source, target = ROOT / rel, dest / WORD.sub(name, rel)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # conf -> src/repro/conf: renamed like a path
+            target.symlink_to(WORD.sub(name, str(source.readlink())))
+            continue
         try:
             text = rename(source.read_text(encoding="utf-8"), rel, name)
             if minimal and rel == "Makefile":
@@ -171,6 +190,74 @@ def copy_project(name: str, dest: Path, minimal: bool = False) -> int:
         shutil.copymode(source, target)
     (dest / "TEMPLATE.md").write_text(provenance(minimal), encoding="utf-8")
     return len(files) + 1
+
+
+def engine_version() -> str:
+    init = (ROOT / "src" / OLD / "__init__.py").read_text()
+    found = re.search(r"""__version__\s*=\s*["']([^"']+)""", init)
+    return found.group(1) if found else "unknown"
+
+
+def template_commit() -> str:
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD", cwd=ROOT).strip()
+        return commit + ("-dirty" if git("status", "--porcelain", cwd=ROOT).strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def build_engine(into: Path) -> str:
+    """A wheel of this checkout's engine in `into`; returns its file name. The project keeps it
+    (a few hundred kB), so that uv.lock pins the engine by hash and a fresh clone sets up with
+    no access to this template."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise RefusedError("uv is needed to build the engine's wheel (pip install uv)")
+    done = subprocess.run(
+        [uv, "build", "--wheel", "--quiet", "--out-dir", str(into), str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    (into / ".gitignore").unlink(missing_ok=True)  # uv's own, "*": the project commits the wheel
+    wheels = sorted(into.glob(f"{OLD}-*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        raise RefusedError(f"could not build the engine's wheel: {done.stderr.strip()[-500:]}")
+    return wheels[0].name
+
+
+def lock(dest: Path) -> None:
+    """uv.lock for the project. The template's lock is put there first: uv keeps the versions
+    it pins where they fit (what this machine's cache holds, what the engine is tested with)."""
+    shutil.copyfile(ROOT / "uv.lock", dest / "uv.lock")
+    done = subprocess.run(
+        [shutil.which("uv") or "uv", "lock", "--quiet"], cwd=dest, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RefusedError(f"uv lock failed in {dest}: {done.stderr.strip()[-500:]}")
+
+
+def make_project(name: str, dest: Path) -> int:
+    """The skeleton renamed to `name`, the engine's wheel and a lock; returns files written."""
+    wheel = build_engine(dest / "engine")
+    values = {
+        "@ENGINE_VERSION@": engine_version(), "@ENGINE_WHEEL@": wheel,
+        "@ENGINE_COMMIT@": template_commit(),
+    }  # fmt: skip
+    sources = sorted(p for p in SKELETON.rglob("*") if p.is_file() and is_kept_skeleton(p))
+    for source in sources:
+        rel = source.relative_to(SKELETON).as_posix()
+        target = dest / SKELETON_WORD.sub(name, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = SKELETON_WORD.sub(name, source.read_text(encoding="utf-8"))
+        for placeholder, value in values.items():
+            text = text.replace(placeholder, value)
+        target.write_text(text, "utf-8")
+    lock(dest)
+    return len(sources) + 2  # and the wheel, the lock
+
+
+def is_kept_skeleton(path: Path) -> bool:
+    return not ({"__pycache__", ".pytest_cache", ".ruff_cache"} & set(path.parts))
 
 
 def has_module(name: str) -> bool:
@@ -240,9 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", help="the new package name, a Python identifier")
     parser.add_argument("--dest", type=Path, help="where to write it (default: ../NAME)")
     parser.add_argument(
-        "--minimal", action="store_true", help="the core alone: no recipes, no benchmarks"
-    )
+        "--own-engine", action="store_true",
+        help="copy the whole template, engine included, to edit the loop itself",
+    )  # fmt: skip
+    parser.add_argument(
+        "--minimal", action="store_true",
+        help="with --own-engine: the core alone, no recipes, no benchmarks",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    own_engine = args.own_engine or args.minimal
     dest = (args.dest or ROOT.parent / args.name).expanduser().absolute()
     try:
         check_name(args.name)
@@ -250,8 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     except RefusedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    count = copy_project(args.name, dest, args.minimal)
-    note = format_code(dest)
+    if own_engine:
+        count = copy_project(args.name, dest, args.minimal)
+        note = format_code(dest)
+    else:
+        try:
+            count = make_project(args.name, dest)
+        except RefusedError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        note = None
     try:
         initial_commit(dest)
     except (OSError, subprocess.CalledProcessError) as error:

@@ -47,7 +47,8 @@ def readme_files(readme: str) -> dict[str, str]:
 def project(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("yours") / NAME
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "new_project.py"), NAME, "--dest", str(dest)],
+        [sys.executable, str(ROOT / "scripts" / "new_project.py"), NAME, "--dest", str(dest),
+         "--own-engine"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def files(root: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("new") / NAME
-    done = new_project(NAME, "--dest", str(dest))
+    done = new_project(NAME, "--dest", str(dest), "--own-engine")
     assert done.returncode == 0, done.stderr
     return dest
 
@@ -118,7 +119,7 @@ def test_the_lock_file_still_matches_the_project(project):
 def test_a_generated_project_starts_projects_too(project, tmp_path):
     done = subprocess.run(
         [sys.executable, str(project / "scripts" / "new_project.py"), "grandchild",
-         "--dest", str(tmp_path / "grandchild")],
+         "--dest", str(tmp_path / "grandchild"), "--own-engine"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -160,11 +161,13 @@ def test_ignored_files_stay_behind_and_dest_defaults_to_a_sibling(use_git, tmp_p
     keep = {
         ".gitignore": (ROOT / ".gitignore").read_text(),
         f"src/{TEMPLATE}/__init__.py": '__version__ = "9.9"\n',
-        "conf/local/.gitkeep": "", "outputs/.gitkeep": "", "README.md": f"# {TEMPLATE}\n",
+        f"src/{TEMPLATE}/conf/local/.gitkeep": "", "outputs/.gitkeep": "",
+        "README.md": f"# {TEMPLATE}\n",
     }  # fmt: skip
     for rel, text in keep.items():
         (template / rel).parent.mkdir(parents=True, exist_ok=True)
         (template / rel).write_text(text)
+    (template / "conf").symlink_to(f"src/{TEMPLATE}/conf")  # as in the template
     if use_git:
         git("init", "--quiet", cwd=template)
         git("add", "--all", cwd=template)
@@ -180,11 +183,13 @@ def test_ignored_files_stay_behind_and_dest_defaults_to_a_sibling(use_git, tmp_p
     monkeypatch.setattr(script, "ROOT", template)
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-gitconfig"))  # no identity
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    assert script.main(["zebra"]) == 0
+    assert script.main(["zebra", "--own-engine"]) == 0
     made = tmp_path / "zebra"  # ../NAME next to the template
     copied = {str(p.relative_to(made)) for p in files(made)}
-    assert copied == {
-        ".gitignore", "src/zebra/__init__.py", "conf/local/.gitkeep", "outputs/.gitkeep",
+    # The link is copied as a link, renamed, and nothing else came through it.
+    assert os.readlink(made / "conf") == "src/zebra/conf"
+    assert {rel for rel in copied if not rel.startswith("conf/")} == {
+        ".gitignore", "src/zebra/__init__.py", "src/zebra/conf/local/.gitkeep", "outputs/.gitkeep",
         "README.md", "TEMPLATE.md",
     }  # fmt: skip
     assert (made / "README.md").read_text() == "# zebra\n"
@@ -253,7 +258,7 @@ def test_a_project_made_before_make_setup_still_passes_the_format_check(tmp_path
         pytest.skip("uv cannot fetch ruff here (offline, no cache)")
     dest = tmp_path / "lab"  # shorter than the template's name: lines join
     # -S: no site-packages, so no ruff module either, as with a system Python before setup.
-    command = [sys.executable, "-S", str(SCRIPT), "lab", "--dest", str(dest)]
+    command = [sys.executable, "-S", str(SCRIPT), "lab", "--dest", str(dest), "--own-engine"]
     done = subprocess.run(command, env={**os.environ, "PATH": path}, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0 and "note:" not in done.stdout, done.stdout + done.stderr
@@ -261,3 +266,72 @@ def test_a_project_made_before_make_setup_still_passes_the_format_check(tmp_path
     check = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", *folders],
                            cwd=dest, capture_output=True, text=True)  # fmt: skip
     assert check.returncode == 0, check.stdout[-2000:]
+
+
+# --- the default: a project that holds only its own code and depends on the engine ----------
+
+LAB = "lab_exp"  # no word of the template's name in it
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Path:
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not installed (the generator builds the engine's wheel with it)")
+    dest = tmp_path_factory.mktemp("lab") / LAB
+    done = new_project(LAB, "--dest", str(dest))
+    assert done.returncode == 0, done.stderr
+    return dest
+
+
+def own_python_lines(project: Path) -> int:
+    tracked = git("ls-files", "src", "tests", cwd=project).split()
+    return sum(
+        len((project / rel).read_text().splitlines()) for rel in tracked if rel.endswith(".py")
+    )
+
+
+@pytest.mark.e2e
+def test_a_project_holds_its_own_code_and_the_engine_pinned_by_hash(lab):
+    tracked = git("ls-files", cwd=lab).split()
+    assert len(tracked) <= 40 and own_python_lines(lab) <= 400
+    assert not [rel for rel in tracked if rel.startswith(f"src/{TEMPLATE}")]  # no engine copy
+    (wheel,) = [rel for rel in tracked if rel.startswith("engine/")]
+    assert re.fullmatch(rf"engine/{TEMPLATE}-[\w.+]+-py3-none-any\.whl", wheel)
+    lock = (lab / "uv.lock").read_text()
+    entry = lock.split(f'\nname = "{TEMPLATE}"\n', 1)[1].split("[[package]]", 1)[0]
+    assert f'source = {{ path = "{wheel}" }}' in entry and 'hash = "sha256:' in entry
+    assert {f"src/{LAB}/stripes.py", f"src/{LAB}/logit_penalty.py", f"src/{LAB}/confusion.py",
+            "conf/config.yaml", "Makefile", ".github/workflows/ci.yml"} <= set(tracked)  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_a_project_composes_the_engines_groups_and_its_own_option_wins(lab, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    conf = shutil.copytree(lab / "conf", tmp_path / "conf")
+    (conf / "optimizer").mkdir()
+    (conf / "optimizer" / "sgd.yaml").write_text("defaults:\n  - adamw\n  - _self_\nlr: 0.123\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=["model=resnet18_cifar", "amp=bf16"])
+    assert cfg.data._target_ == f"{LAB}.stripes.stripes" and cfg.data.noise == 0.1
+    assert cfg.objective._target_ == f"{LAB}.logit_penalty.LogitPenalty"
+    assert cfg.callbacks.confusion._target_ == f"{LAB}.confusion.ConfusionLog"
+    assert cfg.model._target_.startswith(f"{TEMPLATE}.models.") and cfg.amp.mode == "bf16"
+    assert cfg.optimizer.lr == 0.123  # the project's sgd, not the engine's
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_fresh_clone_of_a_project_sets_up_trains_and_tests_within_its_budget(lab, tmp_path):
+    clone = tmp_path / "clone"
+    git("clone", "--quiet", str(lab), str(clone), cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    times = {}
+    for target in ("setup", "train", "test"):
+        started = time.perf_counter()
+        done = subprocess.run(["make", target], cwd=clone, env=env, capture_output=True,
+                              text=True, timeout=1200)  # fmt: skip
+        times[target] = time.perf_counter() - started
+        assert done.returncode == 0, f"make {target}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    assert times["test"] <= 90, times
+    assert len(git("ls-files", cwd=clone).split()) <= 40 and own_python_lines(clone) <= 400

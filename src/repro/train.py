@@ -259,7 +259,9 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-@hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
+# conf/ ships inside the package (the top-level conf/ is a link to it), so an installed engine
+# finds it too; a project passes its own --config-path and reaches this one by its search path.
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN

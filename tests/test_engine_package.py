@@ -1,0 +1,55 @@
+"""The engine as a package: its config groups travel inside it, so an installed wheel trains
+and trusts what it shipped with (docs/engine.md)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+
+import pytest
+
+from repro.runs import trust
+
+from conftest import CONF, ROOT
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+def test_the_wheel_holds_the_config_groups_but_no_local_file(tmp_path):
+    local = CONF / "local" / "default.yaml"
+    made_here = not local.exists()
+    if made_here:  # a machine's own settings must stay behind even when present
+        local.write_text("seed:\n  value: 3\n")
+    try:
+        subprocess.run(
+            ["uv", "build", "--wheel", "--quiet", "-o", str(tmp_path), str(ROOT)],
+            check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        if made_here:
+            local.unlink()
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n.removeprefix("repro/conf/") for n in names if n.startswith("repro/conf/")} - {
+        "__init__.py"
+    }  # a package, for Hydra's pkg:// search path
+    tracked = {p.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml")}
+    assert shipped == {t for t in tracked if not t.startswith("local/")}
+    assert "config.yaml" in shipped
+
+
+def test_an_installed_engine_trusts_its_shipped_conf_but_not_a_local_folder(tmp_path, monkeypatch):
+    checkout = trust.conf_targets()  # git-tracked files of this checkout
+    # A copy outside any git checkout reads as an installed wheel's files do.
+    copy = shutil.copytree(CONF, tmp_path / "conf", ignore=shutil.ignore_patterns("local"))
+    (copy / "local").mkdir()
+    (copy / "local" / "evil.yaml").write_text("model:\n  _target_: os.system\n")
+    monkeypatch.setattr(trust, "CONF", copy)
+    trust.conf_targets.cache_clear()
+    try:
+        assert trust.conf_targets() == checkout
+        assert trust.trusted("repro.data.datasets.synthetic", "data")
+        assert not trust.trusted("os.system", "model")
+    finally:
+        trust.conf_targets.cache_clear()
