@@ -28,9 +28,10 @@ NAME = PACKAGE.name
 # export, resume and verify are tools with their own entry points. The core imports none of them
 # (the first test below), so its size counts only the machinery.
 AREAS = ("recipes", "components", "models", "search", "export", "resume", "verify", "shards")
-CORE_LINES = 6600  # 6000 until issue 40 added the guards; 6225 until issue 42 (data options,
+CORE_LINES = 6625  # 6000 until issue 40 added the guards; 6225 until issue 42 (data options,
 # loop.stop, the objective's Batch, sweep verdicts, one-line unknown keys); 6575 until issue 44
-# (a source's own epoch order and digest, which sharded data needs)
+# (a source's own epoch order and digest, which sharded data needs); 6600 until issue 43 (trust
+# reads the conf/ of installed projects)
 FOLDER_MODULES = 12
 
 
