@@ -189,7 +189,7 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
 # ---- the unit: the end-of-multirun callback (fast, in-process) -----------------------------
 
 
-def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path, capsys):
+def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path, capsys, caplog):
     from omegaconf import OmegaConf
 
     from repro.sweeps.callback import SweepReport
@@ -203,10 +203,12 @@ def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {}})
     SweepReport.failed_jobs = 0
     try:
-        SweepReport(metrics=["best_val_acc"]).on_multirun_end(config)
+        with caplog.at_level("WARNING", logger="repro.sweeps.callback"):
+            SweepReport(metrics=["best_val_acc"]).on_multirun_end(config)
         assert SweepReport.failed_jobs == 1  # repro.train exits non-zero on it
     finally:
         SweepReport.failed_jobs = 0
+    assert f"1 of 3 jobs failed; see {tmp_path}" in caplog.text
     expected = report.build(tmp_path, ["best_val_acc"])
     assert capsys.readouterr().out == render.markdown(expected) + "\n"
     written = json.loads((tmp_path / "sweep_summary.json").read_text())
@@ -218,3 +220,42 @@ def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path
     empty.mkdir()
     SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(empty)}}}))
     assert list(empty.iterdir()) == [] and SweepReport.failed_jobs == 0
+
+
+def test_the_multirun_callback_finishes_the_sweeps_mlflow_run_or_says_why_not(
+    tmp_path, caplog, monkeypatch
+):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from repro.sweeps.callback import SweepReport
+    from repro.watch import trackers
+    from test_sweep_statistics import fake_job
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    store = f"file:{tmp_path / 'mlruns'}"
+    client = MlflowClient(tracking_uri=store)
+    parent = client.create_run(client.create_experiment("repro"), run_name="sweep").info.run_id
+    sweep = tmp_path / "sweep"
+    for seed in range(2):
+        fake_job(sweep, seed, ["amp=off", f"seed.value={seed}"], seed)
+    (sweep / trackers.MlflowTracker.PARENT_FILE).write_text(parent + "\n")
+    config = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(sweep)}}, "logger": {"mlflow": {"tracking_uri": store}}}
+    )
+    SweepReport().on_multirun_end(config)
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert "sweep_summary.json" in {item.path for item in client.list_artifacts(parent)}
+
+    def unreachable(config, folder):
+        raise ConnectionError("no answer from the tracking server")
+
+    monkeypatch.setattr(trackers, "end_sweep", unreachable)
+    (sweep / "sweep_summary.json").unlink()
+    with caplog.at_level("WARNING", logger="repro.sweeps.callback"):
+        SweepReport().on_multirun_end(config)  # the report is written all the same
+    assert (sweep / "sweep_summary.json").is_file()
+    assert "the sweep's MLflow run was not finished: no answer from the tracking server" in (
+        caplog.text
+    )
