@@ -208,7 +208,7 @@ def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path
         assert SweepReport.failed_jobs == 1  # repro.train exits non-zero on it
     finally:
         SweepReport.failed_jobs = 0
-    assert f"1 of 3 jobs failed; see {tmp_path}" in caplog.text
+    assert f"1 of 3 jobs failed; see {tmp_path}" in [r.getMessage() for r in caplog.records]
     expected = report.build(tmp_path, ["best_val_acc"])
     assert capsys.readouterr().out == render.markdown(expected) + "\n"
     written = json.loads((tmp_path / "sweep_summary.json").read_text())
@@ -256,6 +256,5 @@ def test_the_multirun_callback_finishes_the_sweeps_mlflow_run_or_says_why_not(
     with caplog.at_level("WARNING", logger="repro.sweeps.callback"):
         SweepReport().on_multirun_end(config)  # the report is written all the same
     assert (sweep / "sweep_summary.json").is_file()
-    assert "the sweep's MLflow run was not finished: no answer from the tracking server" in (
-        caplog.text
-    )
+    said = [record.getMessage() for record in caplog.records]
+    assert "the sweep's MLflow run was not finished: no answer from the tracking server" in said
