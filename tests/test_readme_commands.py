@@ -84,6 +84,8 @@ def test_the_readme_commands_run_as_written(checkpoint, tmp_path):
     for command in commands():
         words = shlex.split(_with_brackets_dropped(command))
         words = [word.replace("outputs/runs/.../checkpoints", str(checkpoint)) for word in words]
+        # A run folder where the command takes one: the run that made the checkpoints.
+        words = [word.replace("outputs/runs/...", str(checkpoint.parent)) for word in words]
         if words[:2] == ["uv", "run"]:
             words = words[2:]  # this process's environment stands in for uv's
         if words[0] == "cd":

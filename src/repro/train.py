@@ -327,5 +327,6 @@ if __name__ == "__main__":
     with composition.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
         main()
     distributed.shutdown()
+    distributed.leave(1 if SweepReport.failed_jobs else 0)
     if SweepReport.failed_jobs:
         raise SystemExit(1)
