@@ -335,3 +335,76 @@ def test_a_fresh_clone_of_a_project_sets_up_trains_and_tests_within_its_budget(l
         assert done.returncode == 0, f"make {target}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     assert times["test"] <= 90, times
     assert len(git("ls-files", cwd=clone).split()) <= 40 and own_python_lines(clone) <= 400
+
+
+# Two datasets a user might add: `steady` draws each item's shift from a generator seeded by its
+# index (allowed), `jitter` from torch's global generator in __getitem__ (the promise broken).
+ADDED_DATASETS = '''"""Stripes shifted per item: once as the promise allows, once as it does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from repro.data.datasets import Splits
+
+from {name}.stripes import stripes
+
+
+class Shifted:
+    def __init__(self, source: Any, global_draw: bool) -> None:
+        self.source, self.global_draw = source, global_draw
+        self.labels = source.labels
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.source[index]
+        generator = None if self.global_draw else torch.Generator().manual_seed(index)
+        return image + (torch.rand((), generator=generator) * 8).to(torch.uint8), label
+
+    def subset(self, indices: torch.Tensor) -> Shifted:
+        return Shifted(self.source.subset(indices), self.global_draw)
+
+
+def shifted(cfg: Any, seed: int, *, global_draw: bool = False) -> Splits:
+    data = stripes(cfg, seed)
+    train, val, test = (Shifted(s, global_draw) for s in (data.train, data.val, data.test))
+    return Splits(train, val, test, data.classes)
+'''
+
+
+def clone_and_set_up(lab: Path, into: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh clone of the project, `make setup` done; the environment for its make."""
+    clone = into / "clone"
+    git("clone", "--quiet", str(lab), str(clone), cwd=into)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(["make", "setup"], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=1200)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return clone, env
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_project_checks_an_added_dataset_without_a_test_of_its_own(lab, tmp_path):
+    clone, env = clone_and_set_up(lab, tmp_path)
+    (clone / "src" / LAB / "shifted.py").write_text(ADDED_DATASETS.format(name=LAB))
+    stripes = (clone / "conf" / "data" / "stripes.yaml").read_text()
+    for option, global_draw in (("steady", "false"), ("jitter", "true")):
+        yaml = stripes.replace(f"{LAB}.stripes.stripes", f"{LAB}.shifted.shifted")
+        (clone / "conf" / "data" / f"{option}.yaml").write_text(
+            yaml.replace("noise: 0.1", f"global_draw: {global_draw}")
+        )
+    done = subprocess.run(["make", "test", "ARGS=-rA -k 'steady or jitter'"], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    failed = set(re.findall(r"^FAILED tests/test_parts\.py::(\w+)\[(\w+)\]", out, re.MULTILINE))
+    passed = set(re.findall(r"^PASSED tests/test_parts\.py::(\w+)\[(\w+)\]", out, re.MULTILINE))
+    assert {option for _, option in failed} == {"jitter"}, out[-3000:]
+    assert ("test_data_gives_the_same_item_every_time_an_index_is_read", "jitter") in failed
+    assert len({check for check, option in passed if option == "steady"}) == 3, out[-3000:]
+    assert "data=jitter: train item 0 read twice gave other pixels" in out
+    assert "no draws from torch's, numpy's or Python's global generators" in out
