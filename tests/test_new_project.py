@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -408,3 +409,75 @@ def test_a_project_checks_an_added_dataset_without_a_test_of_its_own(lab, tmp_pa
     assert len({check for check, option in passed if option == "steady"}) == 3, out[-3000:]
     assert "data=jitter: train item 0 read twice gave other pixels" in out
     assert "no draws from torch's, numpy's or Python's global generators" in out
+
+
+def scratch_template(into: Path) -> Path:
+    """A git copy of this checkout as it is (uncommitted changes included, as the project's
+    engine was built from them): the template a project upgrades to, one commit at a time."""
+    tree = into / "template"
+    for rel in load_script().template_files():
+        target = tree / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / rel).is_symlink():
+            target.symlink_to(os.readlink(ROOT / rel))
+        else:
+            shutil.copyfile(ROOT / rel, target)
+    git("init", "--quiet", cwd=tree)
+    commit(tree, "as the project's engine")
+    return tree
+
+
+def commit(tree: Path, message: str) -> None:
+    git("add", "--all", cwd=tree)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", message, cwd=tree)
+
+
+def users_files(project: Path) -> dict[str, bytes]:
+    """Every tracked file but the engine's wheel and the lock, as bytes."""
+    tracked = git("ls-files", cwd=project).split()
+    return {
+        rel: (project / rel).read_bytes()
+        for rel in tracked if not rel.startswith("engine/") and rel != "uv.lock"
+    }  # fmt: skip
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_an_upgrade_says_identical_or_names_the_first_step_that_differs(lab, tmp_path):
+    clone, env = clone_and_set_up(lab, tmp_path)
+    (clone / "src" / LAB / "shifted.py").write_text(ADDED_DATASETS.format(name=LAB))  # the user's
+    commit(clone, "a dataset of mine")
+    template = scratch_template(tmp_path)
+    mine = users_files(clone)
+
+    def upgrade(message: str, change: Callable[[Path], None]) -> subprocess.CompletedProcess:
+        change(template)
+        commit(template, message)
+        return subprocess.run(["make", "upgrade", f"ENGINE={template}@HEAD"], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+
+    def a_comment(tree: Path) -> None:
+        with (tree / "src" / TEMPLATE / "train.py").open("a") as handle:
+            handle.write("# a comment that changes no result\n")
+
+    done = upgrade("a doc fix", a_comment)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "identical (8 steps)" in done.stdout
+    assert users_files(clone) == mine
+    where = f"import importlib.util; print(importlib.util.find_spec('{TEMPLATE}.train').origin)"
+    installed = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-c", where],
+                               env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    source = Path(installed.stdout.strip()).read_text()
+    assert "a comment that changes no result" in source  # the new engine is in use
+    commit(clone, "the engine with a doc fix")
+
+    def another_lr(tree: Path) -> None:
+        sgd = tree / "src" / TEMPLATE / "conf" / "optimizer" / "sgd.yaml"
+        sgd.write_text(re.sub(r"(?m)^lr: .*$", "lr: 0.0123", sgd.read_text()))
+
+    done = upgrade("another default lr", another_lr)
+    assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]  # make: 2
+    assert (
+        "differs: first at step 1:" in done.stdout and "to roll back: git checkout" in done.stdout
+    )
+    assert users_files(clone) == mine

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from repro.errors import ConfigError
 from repro.runs.fingerprint_log import first_divergence
 from repro.testkit.project import Project, result_files, steps
 
@@ -110,8 +111,11 @@ def test_objective_returns_per_image_or_batch_terms(repro_project: Project, obje
     # Normalised as the loop's batches are (on the CPU: this check needs no GPU).
     images, labels = build.device_batches(cfg, torch.device("cpu"), norm)(uint8, labels)
     objective = build.objective(cfg)  # checks its first result, in one line naming the term
-    with torch.no_grad():
-        terms = objective(model(images), Targets(labels), images, model)
+    try:
+        with torch.no_grad():
+            terms = objective(model(images), Targets(labels), images, model)
+    except ConfigError as error:  # check_terms' one line, with the option it came from
+        raise AssertionError(f"objective={objective_option}: {error}") from None
     assert torch.isfinite(terms["loss"]).all(), f"objective={objective_option}: a loss not finite"
 
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 from repro.errors import ConfigError, UserError, exit_with
 from repro.runs.fingerprint_log import FingerprintLog
-from repro.verify.against import CONFIG, DEFAULT_STEPS, EVERY_STEP, Side, difference
+from repro.verify.against import CONFIG, DEFAULT_STEPS, EVERY_STEP, PACKAGE, Side, difference
 
 USAGE = "make upgrade ENGINE=/path/to/template[@COMMIT] [ARGS='steps=N key=value ...']"
-PACKAGE = __name__.split(".")[0]
+
 ROLLBACK = "git checkout -- engine uv.lock && make setup"
 
 
