@@ -11,10 +11,12 @@ that conf/ at collection, so a YAML added there is a test added.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from repro.testkit.project import Project
+if TYPE_CHECKING:
+    from repro.testkit.project import Project
 
 # fixture name -> the conf/ group whose project options parametrize it
 OPTION_GROUPS = {
@@ -27,6 +29,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _project(config: pytest.Config) -> Project:
+    # Imported here, not at load: every pytest run where the engine is installed loads this
+    # module, and only a suite that uses the kit should import more of the engine.
+    from repro.testkit.project import Project
+
     return Project(Path(config.rootpath) / str(config.getini("repro_conf")))
 
 
