@@ -17,18 +17,22 @@ from conftest import CONF, ROOT
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
 def test_the_wheel_holds_the_config_groups_but_no_local_file(tmp_path):
-    local = CONF / "local" / "default.yaml"
-    made_here = not local.exists()
-    if made_here:  # a machine's own settings must stay behind even when present
-        local.write_text("seed:\n  value: 3\n")
-    try:
-        subprocess.run(
-            ["uv", "build", "--wheel", "--quiet", "-o", str(tmp_path), str(ROOT)],
-            check=True, capture_output=True, timeout=300,
-        )  # fmt: skip
-    finally:
-        if made_here:
-            local.unlink()
+    # Built from a copy of the checkout: a local file written into the real conf/ would reach
+    # every test composing a config meanwhile (xdist runs them side by side).
+    source = tmp_path / "source"
+    tracked_files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split("\0")
+    for name in filter(None, tracked_files):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name, follow_symlinks=False)
+    # a machine's own settings must stay behind even when present
+    (source / "src/repro/conf/local/default.yaml").write_text("seed:\n  value: 3\n")
+    subprocess.run(
+        ["uv", "build", "--wheel", "--quiet", "-o", str(tmp_path), str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {n.removeprefix("repro/conf/") for n in names if n.startswith("repro/conf/")} - {
