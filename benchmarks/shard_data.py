@@ -1,12 +1,14 @@
 """suite=data on sharded data (`data=shards`): reading from shards against reading the same
 images as an image folder.
 
-The shards' images are first written out as an image folder (train/<class>/, val/<class>/)
-under the run folder, untimed; then, per worker count, images per second of the template's
-training batches (`build.loaders` then `to_device`, as the loop receives them) from the shards
-and from the folder, alternating (A B B A) so that drift hits both; `shards_over_folder` is the
-median of the repetitions' ratios. Bytes per image: what each reads from storage per image
-(a shard's tar headers and label members included; a file whole).
+The folder side is `suite.folder`, the image folder the shards were packed from, or (null)
+the shards' images written out as one (train/<class>/, val/<class>/) under the run folder,
+untimed: image files' bytes as they are, pixel shards' (`pack --pixels`) as PNGs. Then, per
+worker count, images per second of the template's training batches (`build.loaders` then
+`to_device`, as the loop receives them) from the shards and from the folder, alternating
+(A B B A) so that drift hits both; `shards_over_folder` is the median of the repetitions'
+ratios. Bytes per image: what each reads from storage per image (a shard's tar headers and
+label members included; a file whole).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from benchmarks.folder_data import images_per_s
 from repro import build
 from repro.data.datasets import Splits
 from repro.data.loader import LoaderContext
+from repro.errors import ConfigError
 from repro.runtime.devices import select_device
+from repro.shards.dataset import NPY_MAGIC, decode_bytes
 
 COLUMNS = [
     Column("loader", "workers"),
@@ -38,7 +42,8 @@ OWN = ("window", "cache_dir", "cache_gib", "endpoint_url")
 
 
 def as_folder(data: Splits, root: Path) -> Path:
-    """The shards' train and val images as an image folder at `root` (their bytes unchanged)."""
+    """The shards' train and val images as an image folder at `root`: their files' bytes
+    unchanged, decoded pixels as PNG (the same pixels)."""
     for split in ("train", "val"):
         source = getattr(data, split)
         for position, row in enumerate(source.rows.tolist()):
@@ -47,11 +52,19 @@ def as_folder(data: Splits, root: Path) -> Path:
             with path.open("rb") as handle:
                 handle.seek(offset)
                 image = handle.read(size)
+            if image.startswith(NPY_MAGIC):
+                image = encode_png(decode_bytes(image, "a pixel sample"))
             ext = "png" if image.startswith(b"\x89PNG") else "jpg"
             target = root / split / data.classes[label] / f"{position:08d}.{ext}"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(image)
     return root
+
+
+def encode_png(image: Any) -> bytes:
+    from torchvision.io import encode_png as encode
+
+    return bytes(encode(image).numpy())
 
 
 def folder_config(cfg: DictConfig, root: Path) -> DictConfig:
@@ -94,9 +107,13 @@ def measure(sides: dict[str, tuple[DictConfig, Splits]], workers: int, suite: An
 
 def run(cfg: DictConfig, run_dir: Path, data: Splits) -> Result:
     suite = cfg.suite
-    root = as_folder(data, run_dir / "as_folder")
+    given = suite.get("folder")
+    root = Path(given).expanduser() if given else as_folder(data, run_dir / "as_folder")
     folder_cfg = folder_config(cfg, root)
     folder_data = build.splits(folder_cfg, int(cfg.seed.value))
+    if len(folder_data.train) != len(data.train):
+        allowed = f"an image folder of the shards' images ({len(data.train)} for training)"
+        raise ConfigError("suite.folder", given, allowed)
     train = data.train
     shard_bytes = sum(train.shards[i].size for i in set(train.rows[:, 0].tolist())) / len(train)
     folder_files = list((root / "train").rglob("*.*"))
@@ -114,7 +131,7 @@ def run(cfg: DictConfig, run_dir: Path, data: Splits) -> Result:
     }
     notes = [
         f"{cfg.data.root}: {len(train)} training images in {len(train.shards)} shards, against "
-        f"the same images written out as {root}; rates: medians of {suite.repeats} alternating "
+        f"the same images as the image folder {root}; rates: medians of {suite.repeats} alternating "
         f"repetitions of {suite.batches} batches after {suite.warmup_batches} untimed"
     ]
     return Result("data", COLUMNS, rows, summary, notes)

@@ -348,3 +348,33 @@ def test_timms_rate_is_its_epoch_average_after_the_first_epoch():
     # The running average on the steady epoch's last line, not one batch's rate.
     assert timm_images_per_second(log) == 1650.0
     assert timm_images_per_second(line.format(0, 0, 100.0, 0.3, 90.0)) is None
+
+
+def test_data_suite_on_pixel_shards_measures_them_against_the_folder_they_hold(bench, tmp_path):
+    from repro.data.sources import decode_file
+    from repro.shards.pack import pack
+
+    tree = make_image_tree(tmp_path / "images", side=32)
+    shards = pack(tree, tmp_path / "shards", 8000, pixels=True).parent
+    side = ["suite=data", "suite.loaders=[0]", "data=shards", f"data.root={shards}",
+            "data.resize=null", "trainer.batch_size=6", "suite.batches=2", "suite.repeats=2",
+            "suite.warmup_batches=1"]  # fmt: skip
+    for run in ("written", "given", "other"):
+        (tmp_path / run).mkdir()
+    bench(compose_bench(*side), tmp_path / "written")
+    (row,) = written(tmp_path / "written")["rows"]
+    assert finite(row["shards_images_per_s"], row["folder_images_per_s"], row["shards_over_folder"])
+    assert row["shard_bytes_per_image"] > 3 * 32 * 32  # the pixels and their tar blocks
+    # Written out, pixel samples are PNGs of the same pixels as the files they were packed from.
+    out = sorted((tmp_path / "written" / "as_folder" / "train").rglob("*.png"))
+    packed_from = sorted((tree / "train").rglob("*.png"))
+    assert sorted(int(decode_file(p).sum()) for p in out) == sorted(
+        int(decode_file(p).sum()) for p in packed_from
+    )
+    bench(compose_bench(*side, f"suite.folder={tree}"), tmp_path / "given")
+    assert written(tmp_path / "given")["rows"][0]["folder_bytes_per_image"] == pytest.approx(
+        sum(p.stat().st_size for p in packed_from) / len(packed_from)
+    )
+    with pytest.raises(ConfigError, match=r"suite\.folder"):  # not the shards' images
+        fewer = make_image_tree(tmp_path / "fewer", per_class=4, side=32)
+        bench(compose_bench(*side, f"suite.folder={fewer}"), tmp_path / "other")

@@ -5,7 +5,9 @@ localhost; bad shards, manifests and buckets refused in one line."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import pickle
 import shutil
 import signal
 import socket
@@ -16,11 +18,12 @@ import time
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from repro.errors import CheckpointError, DataError
-from repro.shards.dataset import ShardImages
+from repro.shards.dataset import ShardImages, decode_bytes
 from repro.shards.format import parse_manifest
 from repro.shards.pack import pack
 from repro.shards.store import LocalStore
@@ -107,6 +110,68 @@ def test_the_command_packs_and_verifies_and_refuses_a_damaged_shard_in_one_line(
     assert refused.stderr.strip().splitlines() == [
         f"error: shard {shards}/val-000000.tar: its SHA-256 is not the manifest's"
     ]
+
+
+def test_pixel_shards_hold_the_decoded_images_and_train_to_the_weights_of_file_shards(
+    packed, tmp_path
+):
+    images = packed.parent / "images"
+    files = pack(images, tmp_path / "files", 10**9)  # one shard a split: the same order
+    pixels = pack(images, tmp_path / "pixels", 10**9, pixels=True)
+    as_files, as_pixels = (_split(m.parent, 4) for m in (files, pixels))
+    with tarfile.open(pixels.parent / "train-000000.tar") as tar:
+        assert tar.getnames()[0].endswith(".npy")  # numpy (and WebDataset) read it as it is
+    assert len(as_files) == len(as_pixels) == 36
+    for index in range(len(as_files)):
+        (image, label), (same, same_label) = as_files[index], as_pixels[index]
+        assert torch.equal(image, same) and label == same_label
+    weights = [train_in_process(tmp_path / m.parent.name / "run", *SHARDS, f"data.root={m.parent}")
+               ["weights_sha256"] for m in (files, pixels)]  # fmt: skip
+    assert weights[0] == weights[1]
+
+
+def test_a_npy_that_is_not_uint8_pixels_is_refused_naming_the_sample():
+    encoded = io.BytesIO()
+    np.save(encoded, np.zeros((3, 4, 4), dtype=np.float32))
+    with pytest.raises(DataError, match=r"^shard s/x\.tar, byte 0: not a readable image"):
+        decode_bytes(encoded.getvalue(), "shard s/x.tar, byte 0")
+    truncated = io.BytesIO()
+    np.save(truncated, np.zeros((3, 4, 4), dtype=np.uint8))
+    with pytest.raises(DataError, match="not a readable image"):
+        decode_bytes(truncated.getvalue()[:-1], "shard s/x.tar, byte 0")
+
+
+def _cifar_batch(path: Path, images: np.ndarray, labels: list[int]) -> None:
+    with path.open("wb") as handle:
+        pickle.dump({b"data": images.reshape(len(images), -1), b"labels": labels}, handle)
+
+
+def test_cifar10_batches_pack_their_pixels_and_a_batch_holding_code_is_refused(tmp_path):
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    with (root / "batches.meta").open("wb") as handle:
+        pickle.dump({b"label_names": [b"cat", b"dog"]}, handle)
+    pixels = rng.integers(0, 256, (6, 6, 3, 32, 32), dtype=np.uint8)  # batch, image, CHW
+    for number, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
+        _cifar_batch(root / name, pixels[number], [0, 1, 0, 1, 0, 1])
+    manifest = pack(tmp_path, tmp_path / "shards", 10**9, pixels=True)
+    test = ShardImages.of_split(LocalStore(manifest.parent), parse_manifest(
+        manifest.read_bytes(), "here").splits["test"], 4, "test")  # fmt: skip
+    assert sorted(test[i][0].sum().item() for i in range(6)) == sorted(
+        torch.from_numpy(pixels[5]).flatten(1).sum(1).tolist())  # fmt: skip
+
+    class Payload:  # what a malicious pickle carries: a call made while it is read
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    with (root / "data_batch_3").open("wb") as handle:
+        pickle.dump({b"data": Payload(), b"labels": []}, handle)
+    with pytest.raises(
+        DataError, match=r"data_batch_3: holds pathlib\.Path\.touch, not"
+    ):
+        pack(tmp_path, tmp_path / "again", 10**9)
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "again").exists()
 
 
 # ---- the order ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""`python -m repro.shards pack SRC DEST [--shard-size 256MB] [--seed 0]` packs an image folder
-or CIFAR-10 into shards; `python -m repro.shards verify ROOT` checks every shard's SHA-256
+"""`python -m repro.shards pack SRC DEST [--shard-size 256MB] [--seed 0] [--pixels]` packs an image
+folder or CIFAR-10 into shards; `python -m repro.shards verify ROOT` checks every shard's SHA-256
 against the manifest (ROOT a folder, or s3://bucket/prefix through the cache)."""
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def main(argv: list[str]) -> None:
     packing.add_argument("dest", help="the new folder of shards (must not exist)")
     packing.add_argument("--shard-size", default="256MB", help="bytes per shard (256MB)")
     packing.add_argument("--seed", type=int, default=0, help="the packing shuffle's seed")
+    packing.add_argument("--pixels", action="store_true",
+                         help="store decoded pixels (.npy), not the image files' bytes")  # fmt: skip
     checking = commands.add_parser("verify", help="check every shard against the manifest")
     checking.add_argument("root", help="a folder of shards or s3://bucket/prefix")
     checking.add_argument("--endpoint-url", default=None, help="an S3-compatible endpoint")
@@ -47,7 +49,7 @@ def main(argv: list[str]) -> None:
         if args.command == "pack":
             size = parse_size(args.shard_size)
             manifest = pack(Path(args.src).expanduser(), Path(args.dest).expanduser(), size,
-                            args.seed)  # fmt: skip
+                            args.seed, args.pixels)  # fmt: skip
             print(f"packed {args.src} into {manifest.parent} ({manifest.name} lists the shards)")
         else:
             count = verify(args.root, args.endpoint_url, args.cache_dir)

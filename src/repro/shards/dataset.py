@@ -14,6 +14,7 @@ without reading what came before it. A subset (the validation split carved out o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -35,6 +36,7 @@ from repro.shards.store import Store, open_store
 # Magic bytes of the formats torchvision.io decodes (faster than PIL, same pixels); the rest
 # go through PIL.
 TORCHVISION_MAGIC = (b"\xff\xd8\xff", b"\x89PNG")
+NPY_MAGIC = b"\x93NUMPY"  # pixels decoded at packing time (pack --pixels)
 
 
 class ShardImages:
@@ -125,15 +127,32 @@ class ShardImages:
 
 
 def decode_bytes(data: bytes, named: str) -> torch.Tensor:
-    """Encoded image bytes as a uint8 RGB (3, H, W) tensor; DataError naming it if unreadable."""
+    """Encoded image bytes (or pack --pixels' .npy) as a uint8 RGB (3, H, W) tensor; DataError
+    naming it if unreadable."""
     try:
+        if data.startswith(NPY_MAGIC):
+            start, shape = npy_layout(data[: 10 + int.from_bytes(data[8:10], "little")])
+            return torch.frombuffer(bytearray(data[start:]), dtype=torch.uint8).view(shape)
         if data.startswith(TORCHVISION_MAGIC) and (decode := torchvision_decoder()):
             return decode(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         with Image.open(io.BytesIO(data)) as image:
             pixels = np.asarray(image.convert("RGB"))
         return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
-    except (UnidentifiedImageError, OSError, RuntimeError) as error:
+    except (UnidentifiedImageError, OSError, RuntimeError, ValueError) as error:
         raise DataError(f"{named}: not a readable image ({error.__class__.__name__})") from None
+
+
+@functools.lru_cache(maxsize=64)
+def npy_layout(header: bytes) -> tuple[int, tuple[int, int, int]]:
+    """Where a .npy's pixels start and their (3, H, W) shape. numpy's own np.load takes as long
+    as decoding a small JPEG; the header of a split's images repeats, so it is parsed once."""
+    stream = io.BytesIO(header)
+    if np.lib.format.read_magic(stream) != (1, 0):
+        raise ValueError("not a version 1.0 .npy")
+    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    if dtype != np.uint8 or fortran_order or len(shape) != 3 or shape[0] != 3:
+        raise ValueError(f"not uint8 (3, H, W) pixels: {dtype} {shape}")
+    return stream.tell(), shape
 
 
 def shards(

@@ -4,7 +4,9 @@ SRC is an image folder (train/, and val/, test/ when present, one subfolder per 
 `data=imagefolder` reads) or CIFAR-10 as torchvision keeps it (cifar-10-batches-py, each
 image stored as PNG). Each split's samples are shuffled once with `seed` before they are cut
 into shards: images packed class by class would give whole shards of one class, and a
-shard-aware order could not mix them. The image files' bytes go in unchanged.
+shard-aware order could not mix them. The image files' bytes go in unchanged, or with
+`pixels=True` (`--pixels`) as the decoded uint8 (3, H, W) pixels in a `.npy`: no decoding at
+training time, for small images whose decoding costs more than reading their pixels.
 
 The shards and the manifest are written into a hidden folder beside DEST that is renamed to
 DEST when all is written: DEST holds a whole dataset or does not exist, and a DEST that
@@ -16,14 +18,16 @@ from __future__ import annotations
 import io
 import pickle
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from repro.data.sources import IMAGE_SUFFIXES
 from repro.errors import DataError
 from repro.files import write_text_atomic, writing
+from repro.shards.dataset import decode_bytes
 from repro.shards.format import MANIFEST, SPLITS, manifest_text, write_shard
 
 # A sample before packing: its extension and a way to read its bytes, and its label.
@@ -62,14 +66,35 @@ def image_folder(root: Path) -> tuple[list[str], dict[str, list[Item]]]:
     return classes, splits
 
 
+# CIFAR-10's batches are pickles of dicts, lists and numpy arrays. A downloaded file is
+# someone else's: any other global (a function to call) is refused, never imported.
+CIFAR_GLOBALS = frozenset({("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")})  # fmt: skip
+
+
+def load_cifar_batch(path: Path) -> Any:
+    """One of CIFAR-10's pickled batches, read with numpy's array globals only."""
+
+    class ArraysOnly(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) not in CIFAR_GLOBALS:
+                raise DataError(f"{path}: holds {module}.{name}, not CIFAR-10's arrays; refused")
+            return super().find_class(module, name)
+
+    with path.open("rb") as handle:
+        try:
+            return ArraysOnly(handle, encoding="bytes").load()
+        except (pickle.UnpicklingError, EOFError, ValueError) as error:
+            raise DataError(f"{path}: not a CIFAR-10 batch ({error})") from None
+
+
 def cifar10(root: Path) -> tuple[list[str], dict[str, list[Item]]]:
     from PIL import Image
 
     def batches(names: list[str]) -> list[Item]:
         items: list[Item] = []
         for name in names:
-            with (root / name).open("rb") as handle:
-                batch = pickle.load(handle, encoding="bytes")  # noqa: S301: the user's own files
+            batch = load_cifar_batch(root / name)
             images = batch[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
             for pixels, label in zip(images, batch[b"labels"], strict=True):
                 encoded = io.BytesIO()
@@ -77,8 +102,7 @@ def cifar10(root: Path) -> tuple[list[str], dict[str, list[Item]]]:
                 items.append(("png", encoded.getvalue(), int(label)))
         return items
 
-    with (root / "batches.meta").open("rb") as handle:
-        meta = pickle.load(handle, encoding="bytes")  # noqa: S301: the user's own files
+    meta = load_cifar_batch(root / "batches.meta")
     classes = [name.decode() for name in meta[b"label_names"]]
     train = batches([f"data_batch_{i}" for i in range(1, 6)])
     return classes, {"train": train, "test": batches(["test_batch"])}
@@ -95,7 +119,7 @@ def read_source(src: Path) -> tuple[list[str], dict[str, list[Item]]]:
     )
 
 
-def _cut(items: list[Item], shard_bytes: int) -> Iterator[list[Item]]:
+def _cut(items: Iterable[Item], shard_bytes: int) -> Iterator[list[Item]]:
     """Consecutive runs of items of about `shard_bytes` each (at least one item)."""
     shard: list[Item] = []
     size = 0
@@ -110,7 +134,9 @@ def _cut(items: list[Item], shard_bytes: int) -> Iterator[list[Item]]:
         yield shard
 
 
-def pack(src: Path, dest: Path, shard_bytes: int = 256 * 10**6, seed: int = 0) -> Path:
+def pack(
+    src: Path, dest: Path, shard_bytes: int = 256 * 10**6, seed: int = 0, pixels: bool = False
+) -> Path:
     """Pack `src` into shards at `dest` (which must not exist); return the manifest's path."""
     if dest.exists():
         raise DataError(f"{dest}: exists; pack into a new folder (a dataset is never rewritten)")
@@ -123,7 +149,9 @@ def pack(src: Path, dest: Path, shard_bytes: int = 256 * 10**6, seed: int = 0) -
         entries = {}
         for split, items in splits.items():
             order = np.random.default_rng([seed, SPLITS.index(split)]).permutation(len(items))
-            shuffled = [items[i] for i in order]
+            shuffled = (items[i] for i in order)
+            if pixels:  # decoded a shard at a time, so memory holds one shard's pixels
+                shuffled = map(as_pixels, shuffled)
             entries[split] = []
             for number, shard in enumerate(_cut(shuffled, shard_bytes)):
                 path = partial / f"{split}-{number:06d}.tar"
@@ -135,6 +163,16 @@ def pack(src: Path, dest: Path, shard_bytes: int = 256 * 10**6, seed: int = 0) -
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return dest / MANIFEST
+
+
+def as_pixels(item: Item) -> Item:
+    """The item's image decoded as the readers decode it, stored as a .npy of uint8 (3, H, W)."""
+    _, where, label = item
+    data = where.read_bytes() if isinstance(where, Path) else where
+    image = decode_bytes(data, str(where) if isinstance(where, Path) else "an image")
+    encoded = io.BytesIO()
+    np.save(encoded, image.numpy(), allow_pickle=False)
+    return "npy", encoded.getvalue(), label
 
 
 def _samples(split: str, number: int, items: list[Item]) -> Iterator[tuple[str, str, bytes, int]]:
