@@ -20,6 +20,7 @@ __all__ = [
     "test_data_gives_the_same_split_for_the_same_seed",
     "test_data_trains_the_same_steps_with_0_and_2_workers",
     "test_experiment_composes_and_runs",
+    "test_objective_gives_the_same_steps_on_1_and_2_processes",
     "test_objective_returns_per_image_or_batch_terms",
     "test_stateful_part_resumes_bit_for_bit",
     "test_the_default_config_survives_a_kill",
@@ -117,6 +118,27 @@ def test_objective_returns_per_image_or_batch_terms(repro_project: Project, obje
     except ConfigError as error:  # check_terms' one line, with the option it came from
         raise AssertionError(f"objective={objective_option}: {error}") from None
     assert torch.isfinite(terms["loss"]).all(), f"objective={objective_option}: a loss not finite"
+
+
+def test_objective_gives_the_same_steps_on_1_and_2_processes(
+    repro_project: Project, objective_option: str, tmp_path: Path
+):
+    """`trainer.world_invariant=true` in one process and under torchrun on two (gloo, CPU): the
+    same loss and weights at every step. Per-image terms and batch means of them combine across
+    processes as across micro-batches; a term that depends on how the batch is cut does not."""
+    invariant = (
+        f"objective={objective_option}", "trainer.world_invariant=true",
+        "trainer.global_batch=true", "trainer.micro_batch=16", "trainer.num_threads=1",
+        "dataloader.num_workers=0",
+    )  # fmt: skip
+    repro_project.train(tmp_path / "one", *invariant)
+    repro_project.train_on_processes(tmp_path / "two", 2, *invariant)
+    parted = first_divergence(steps(tmp_path / "one"), steps(tmp_path / "two"),
+                              ("on 1 process", "on 2"))  # fmt: skip
+    assert parted is None, (
+        f"objective={objective_option}: 1 and 2 processes trained differently, first at "
+        f"{parted}: each term must be per image, or a mean over the images it is given"
+    )
 
 
 def test_stateful_part_resumes_bit_for_bit(

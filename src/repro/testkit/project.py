@@ -87,6 +87,21 @@ class Project:
             )
         return done.returncode
 
+    def train_on_processes(self, run_dir: Path, processes: int, *overrides: str) -> None:
+        """The tiny run under torchrun on `processes` CPU processes (gloo), as a command."""
+        command = [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+            "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m", "repro.train",
+            f"--config-path={self.conf}", *QUICK, *overrides, f"hydra.run.dir={run_dir}",
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes share this machine's cores
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise AssertionError(
+                f"the run on {processes} processes exited {done.returncode}: "
+                f"{done.stderr.strip()[-1500:]}"
+            )
+
 
 def steps(run_dir: Path) -> list[Row]:
     return FingerprintLog.of_run(run_dir).read()
