@@ -302,7 +302,8 @@ def test_a_project_holds_its_own_code_and_the_engine_pinned_by_hash(lab):
     entry = lock.split(f'\nname = "{TEMPLATE}"\n', 1)[1].split("[[package]]", 1)[0]
     assert f'source = {{ path = "{wheel}" }}' in entry and 'hash = "sha256:' in entry
     assert {f"src/{LAB}/stripes.py", f"src/{LAB}/logit_penalty.py", f"src/{LAB}/confusion.py",
-            "conf/config.yaml", "Makefile", ".github/workflows/ci.yml"} <= set(tracked)  # fmt: skip
+            f"src/{LAB}/mixer.py", "conf/config.yaml", "conf/experiment/mixer_adamw.yaml",
+            "Makefile", ".github/workflows/ci.yml"} <= set(tracked)  # fmt: skip
 
 
 @pytest.mark.e2e
@@ -376,6 +377,27 @@ def shifted(cfg: Any, seed: int, *, global_draw: bool = False) -> Splits:
 '''
 
 
+# An objective a user might add that keeps state across calls: on one process it sees both
+# micro-batches of a step, on two each process sees one, so its loss depends on the world size.
+ADDED_OBJECTIVE = '''"""Cross-entropy scaled by whether this is an odd call."""
+
+from __future__ import annotations
+
+import torch
+from repro.objectives import CrossEntropy, Targets
+
+
+class Alternating(CrossEntropy):
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.calls = 0
+
+    def __call__(self, logits: torch.Tensor, targets: Targets) -> dict[str, torch.Tensor]:
+        self.calls += 1
+        return {"loss": super().__call__(logits, targets)["loss"] * (1 + 0.5 * (self.calls % 2))}
+'''
+
+
 def clone_and_set_up(lab: Path, into: Path) -> tuple[Path, dict[str, str]]:
     """A fresh clone of the project, `make setup` done; the environment for its make."""
     clone = into / "clone"
@@ -398,13 +420,21 @@ def test_a_project_checks_an_added_dataset_without_a_test_of_its_own(lab, tmp_pa
         (clone / "conf" / "data" / f"{option}.yaml").write_text(
             yaml.replace("noise: 0.1", f"global_draw: {global_draw}")
         )
-    done = subprocess.run(["make", "test", "ARGS=-rA -k 'steady or jitter'"], cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    (clone / "src" / LAB / "alternating.py").write_text(ADDED_OBJECTIVE)
+    (clone / "conf" / "objective" / "alternating.yaml").write_text(
+        f"_target_: {LAB}.alternating.Alternating\n"
+    )
+    done = subprocess.run(["make", "test", "ARGS=-rA -k 'steady or jitter or processes'"],
+                          cwd=clone, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode != 0, out[-3000:]
     failed = set(re.findall(r"^FAILED tests/test_parts\.py::(\w+)\[(\w+)\]", out, re.MULTILINE))
     passed = set(re.findall(r"^PASSED tests/test_parts\.py::(\w+)\[(\w+)\]", out, re.MULTILINE))
-    assert {option for _, option in failed} == {"jitter"}, out[-3000:]
+    assert {option for _, option in failed} == {"jitter", "alternating"}, out[-3000:]
+    on_processes = "test_objective_gives_the_same_steps_on_1_and_2_processes"
+    assert (on_processes, "alternating") in failed and (on_processes, "logit_penalty") in passed
+    assert re.search(r"objective=alternating: 1 and 2 processes trained differently, first at "
+                     r"step 1", out), out[-3000:]  # fmt: skip
     assert ("test_data_gives_the_same_item_every_time_an_index_is_read", "jitter") in failed
     assert len({check for check, option in passed if option == "steady"}) == 3, out[-3000:]
     # Which item shows it is chance: a draw of 8 levels repeats one time in 8.

@@ -137,7 +137,8 @@ def test_objective_gives_the_same_steps_on_1_and_2_processes(
                               ("on 1 process", "on 2"))  # fmt: skip
     assert parted is None, (
         f"objective={objective_option}: 1 and 2 processes trained differently, first at "
-        f"{parted}: each term must be per image, or a mean over the images it is given"
+        f"{parted}: each term must be per image or a mean over the images it is given, and "
+        "nothing in the objective may change from call to call"
     )
 
 
