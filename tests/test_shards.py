@@ -167,9 +167,7 @@ def test_cifar10_batches_pack_their_pixels_and_a_batch_holding_code_is_refused(t
 
     with (root / "data_batch_3").open("wb") as handle:
         pickle.dump({b"data": Payload(), b"labels": []}, handle)
-    with pytest.raises(
-        DataError, match=r"data_batch_3: holds pathlib\.Path\.touch, not"
-    ):
+    with pytest.raises(DataError, match=r"data_batch_3: holds pathlib\.Path\.touch, not"):
         pack(tmp_path, tmp_path / "again", 10**9)
     assert not (tmp_path / "ran").exists() and not (tmp_path / "again").exists()
 
@@ -292,10 +290,19 @@ INVARIANT = ["trainer.global_batch=true", "trainer.world_invariant=true",
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_two_processes_give_the_weights_of_one_on_shards(packed, tmp_path):
-    command = [*SHARDS, f"data.root={packed}", *INVARIANT]
+@pytest.mark.parametrize("source", ["folder", "s3"])
+def test_two_processes_give_the_weights_of_one_on_shards(source, packed, request, tmp_path):
+    if source == "folder":
+        command = [*SHARDS, f"data.root={packed}", *INVARIANT]
+    else:  # both ranks fetch into one cache folder, as processes of one machine do
+        endpoint = request.getfixturevalue("s3_server")
+        request.getfixturevalue("s3_env")
+        url = _upload(endpoint, packed, "processes")
+        command = [*_s3(url, endpoint, tmp_path / "cache"), *INVARIANT]
     one = run_cli("repro.train", *command, f"hydra.run.dir={tmp_path / 'one'}")
     assert one.returncode == 0, one.stderr[-3000:]
+    if source == "s3":
+        shutil.rmtree(tmp_path / "cache")  # the two ranks download every shard themselves
     two = torchrun(*command, f"hydra.run.dir={tmp_path / 'two'}")
     assert two.returncode == 0, two.stderr[-3000:]
     first, second = read_summary(tmp_path / "one"), read_summary(tmp_path / "two")
