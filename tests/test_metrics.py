@@ -18,7 +18,7 @@ from torch import nn
 
 from repro import evaluate as evaluate_command
 from repro.engine.evaluation import evaluate, evaluation_columns
-from repro.errors import UserError, one_line
+from repro.errors import ConfigError, UserError, one_line
 from repro.runs.checkpoint import load
 from repro.sweeps import report
 from repro.watch.scores import build_scores
@@ -254,3 +254,43 @@ def test_a_user_metric_of_counts_is_accepted(monkeypatch):
     monkeypatch.setattr(__import__(__name__), "UserMetric", _user_metric("sum"), raising=False)
     nodes = OmegaConf.create({"mine": {"_target_": f"{__name__}.UserMetric"}})
     assert list(build_scores(nodes, classes=3).metrics) == ["mine"]
+
+
+def test_built_metrics_sync_through_evaluation_only_and_skip_their_per_batch_checks():
+    scores = build_scores(compose_config(ALL).metrics, CLASSES)
+    assert scores.names == []  # no results yet
+    for metric in scores.metrics.values():
+        # The evaluation sums the states over ranks once; torchmetrics' own sync would sum them
+        # again, and its input checks read tensors on the host at every batch.
+        assert metric.sync_on_compute is False and metric.validate_args is False
+    logits, labels = torch.eye(CLASSES)[[0, 1, 1]] * 5, torch.tensor([0, 1, 2])
+    summed = scores.states([(logits, labels)], torch.device("cpu"))
+    result = scores.results(summed, taken=["loss", "acc"])
+    matrix = result["confusion_matrix"]
+    assert matrix[2][1] == 1 and all(type(v) is int for row in matrix for v in row)  # counts
+    assert scores.names == list(result)
+    with pytest.raises(ConfigError) as clash:
+        scores.results(summed, taken=["top5"])
+    assert str(clash.value) == (
+        "metrics='top5' is not allowed: a name other than the objective's terms"
+    )
+
+
+def test_a_disabled_metric_is_left_out_and_none_left_builds_nothing():
+    assert build_scores(OmegaConf.create({"top5": None}), CLASSES) is None
+
+
+def test_a_reserved_metric_name_or_a_metric_of_other_states_is_refused_word_for_word(monkeypatch):
+    node = {"_target_": "torchmetrics.classification.MulticlassAccuracy"}
+    with pytest.raises(ConfigError) as reserved:
+        build_scores(OmegaConf.create({"confusion": node}), CLASSES)
+    assert str(reserved.value) == (
+        "metrics='confusion' is not allowed: a name other than loss, acc, confusion"
+    )
+    monkeypatch.setattr(__import__(__name__), "UserMetric", _user_metric("max"), raising=False)
+    with pytest.raises(ConfigError) as other:
+        build_scores(OmegaConf.create({"mine": {"_target_": f"{__name__}.UserMetric"}}), 3)
+    assert str(other.value) == (
+        f"metrics.mine._target_='{__name__}.UserMetric' is not allowed: a torchmetrics Metric "
+        'whose states are all counts (dist_reduce_fx="sum")'
+    )
