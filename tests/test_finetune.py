@@ -186,3 +186,121 @@ def test_freeze_steps_freezes_exactly_that_many_steps():
     assert not Finetune(_head_and_backbone(), total_steps=10).frozen_at(
         SimpleNamespace(step=0, epoch=0)
     )
+
+
+def _model_with_dropout() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Dropout(0.5),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 2),
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"freeze_steps": True}, "freeze_steps=True: allowed: an integer >= 0"),
+        ({"freeze_steps": "3"}, "freeze_steps='3': allowed: an integer >= 0"),
+        ({"freeze_epochs": -1}, "freeze_epochs=-1: allowed: an integer >= 0"),
+        ({"freeze_epochs": 1, "freeze_steps": 1},
+         "freeze_epochs and freeze_steps both set: allowed: one of them"),
+        ({"freeze_steps": 11}, "freeze_steps=11: allowed: at most the run's 10 steps"),
+        ({"bn_eval": "yes"}, "bn_eval='yes': allowed: true or false"),
+    ],
+)  # fmt: skip
+def test_a_finetune_setting_out_of_range_is_refused_word_for_word(arguments, message):
+    from repro.components.finetune import Finetune
+
+    with pytest.raises(ValueError) as refused:
+        Finetune(_model_with_dropout(), total_steps=10, **arguments)
+    assert str(refused.value) == message
+
+
+def test_a_model_without_a_head_is_refused_and_freezing_every_step_is_allowed():
+    from repro.components.finetune import Finetune
+
+    with pytest.raises(ValueError) as refused:
+        Finetune(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), total_steps=10)
+    assert str(refused.value) == "the model has no classifier head (an nn.Linear) to train alone"
+    assert Finetune(_model_with_dropout(), total_steps=10, freeze_steps=10).freeze_steps == 10
+    assert Finetune(_model_with_dropout(), total_steps=10, freeze_steps=4).state_dict() == {
+        "freeze_epochs": 0, "freeze_steps": 4,
+    }  # fmt: skip
+
+
+def _loop(model: torch.nn.Module, step: int, **more) -> object:
+    from types import SimpleNamespace
+
+    position = SimpleNamespace(step=step, epoch=0)
+    return SimpleNamespace(model=model, state=SimpleNamespace(position=position), **more)
+
+
+def test_while_frozen_only_the_backbones_batchnorm_is_in_eval_and_its_gradients_are_zero():
+    from repro.components.finetune import Finetune
+
+    model = _model_with_dropout().train()
+    finetune = Finetune(model, total_steps=10, freeze_steps=1)  # bn_eval by default
+    conv, norm, dropout, head = model[0], model[1], model[2], model[4]
+    assert finetune.norms == [norm] and not finetune.frozen
+
+    def backward() -> None:
+        model.zero_grad(set_to_none=True)
+        model(torch.randn(2, 3, 6, 6)).sum().backward()
+
+    finetune.before_step(_loop(model, step=0))  # step 1: frozen
+    assert not norm.training and dropout.training and head.training
+    backward()  # zeros, not None: clipping and DDP's exchange see no backbone gradient
+    assert torch.equal(conv.weight.grad, torch.zeros_like(conv.weight))
+    assert head.weight.grad.abs().sum() > 0
+    finetune.before_step(_loop(model, step=1))  # step 2: the whole model trains
+    assert norm.training
+    backward()
+    assert conv.weight.grad.abs().sum() > 0
+
+
+def test_without_bn_eval_the_backbones_batchnorm_keeps_training_while_frozen():
+    from repro.components.finetune import Finetune
+
+    model = _model_with_dropout().train()
+    finetune = Finetune(model, total_steps=10, freeze_steps=1, bn_eval=False)
+    finetune.before_step(_loop(model, step=0))
+    assert finetune.frozen and model[1].training
+
+
+def test_the_optimizer_hook_is_registered_once_and_a_frozen_step_leaves_the_backbone():
+    from types import SimpleNamespace
+
+    from repro.components.finetune import Finetune
+
+    model = _model_with_dropout().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    finetune = Finetune(model, total_steps=10, freeze_steps=1)
+    data = SimpleNamespace(sampler=SimpleNamespace(batches_per_epoch=lambda: 3))
+    loop = _loop(model, step=0, optimizer=optimizer, total_steps=10, data=data)
+    finetune.at_start(loop)
+    finetune.at_start(loop)  # a second attempt in the same process: no second hook
+    assert len(optimizer._optimizer_step_pre_hooks) == 1
+    before = model[0].weight.detach().clone()
+    finetune.before_step(loop)
+    model(torch.randn(2, 3, 6, 6)).sum().backward()
+    optimizer.step()  # weight decay and momentum would move a zero gradient's weight
+    assert torch.equal(model[0].weight, before) and model[0].weight not in optimizer.state
+
+
+def test_freeze_epochs_beyond_the_run_names_its_whole_epochs():
+    from types import SimpleNamespace
+
+    from repro.components.finetune import Finetune
+
+    model = _model_with_dropout()
+    finetune = Finetune(model, total_steps=7, freeze_epochs=3)
+    data = SimpleNamespace(sampler=SimpleNamespace(batches_per_epoch=lambda: 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError) as refused:  # 7 steps of 3 a epoch: 2 whole epochs
+        finetune.at_start(_loop(model, step=0, data=data, total_steps=7, optimizer=optimizer))
+    assert str(refused.value) == (
+        "components.finetune.freeze_epochs=3 is not allowed: at most the run's 2 epochs"
+    )
