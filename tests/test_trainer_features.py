@@ -270,3 +270,52 @@ def test_accumulation_logs_each_term_as_the_whole_batchs_mean_and_keeps_its_grad
     assert float(split["batch"]) == pytest.approx(float(whole["batch"]) / pieces, rel=1e-6)
     for got, expected in zip(split_grads, whole_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 3])
+def test_under_ddp_the_gradients_are_all_reduced_once_with_the_last_micro_batch(pieces, tmp_path):
+    """A one-process gloo group in this process: DDP's reduction is seen through a comm hook
+    that records how many forward passes had run when it fired."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from repro.engine.settings import LoopSettings
+    from repro.engine.step import OptimizerStep
+    from repro.runtime.memory_format import MemoryFormat
+    from repro.runtime.precision import Precision
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+        forwards, reduced_after = [], []
+        model.register_forward_hook(lambda *_: forwards.append(1))
+        wrapped = DistributedDataParallel(model)
+
+        def count(_, bucket):
+            reduced_after.append(len(forwards))
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+            return future
+
+        wrapped.register_comm_hook(None, count)
+
+        def per_image(logits, targets):
+            return {"loss": torch.nn.functional.cross_entropy(logits, targets.labels,
+                                                              reduction="none")}  # fmt: skip
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = OptimizerStep(
+            model=model, forward_model=wrapped, optimizer=optimizer,
+            scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+            precision=Precision("off", torch.device("cpu")),
+            memory_format=MemoryFormat("contiguous"),
+            settings=LoopSettings(accumulate_steps=pieces), objective=per_image,
+        )  # fmt: skip
+        images, labels = torch.randn(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+        for _ in range(2):
+            step(images, labels, epoch=0, batch=0)
+        assert reduced_after == [pieces, 2 * pieces]  # one reduction a step, after its last
+    finally:
+        dist.destroy_process_group()
