@@ -319,3 +319,72 @@ def test_under_ddp_the_gradients_are_all_reduced_once_with_the_last_micro_batch(
         assert reduced_after == [pieces, 2 * pieces]  # one reduction a step, after its last
     finally:
         dist.destroy_process_group()
+
+
+def _step_for(model, optimizer, precision, **settings):
+    from repro.engine.settings import LoopSettings
+    from repro.engine.step import OptimizerStep
+    from repro.runtime.memory_format import MemoryFormat
+
+    def per_image(logits, targets):
+        return {"loss": torch.nn.functional.cross_entropy(logits, targets.labels,
+                                                          reduction="none")}  # fmt: skip
+
+    return OptimizerStep(
+        model=model, forward_model=model, optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        precision=precision, memory_format=MemoryFormat("contiguous"),
+        settings=LoopSettings(**settings), objective=per_image,
+    )  # fmt: skip
+
+
+class _SometimesBranch(torch.nn.Module):
+    """A classifier whose extra branch joins only while `use_branch` is set (conditional
+    computation, as in mixture-of-experts layers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head, self.branch = torch.nn.Linear(12, 3), torch.nn.Linear(12, 3)
+        self.use_branch = True
+
+    def forward(self, images):
+        flat = images.flatten(1)
+        return self.head(flat) + (self.branch(flat) if self.use_branch else 0)
+
+
+def test_a_parameter_left_out_of_a_step_is_not_moved_by_momentum_or_weight_decay():
+    from repro.runtime.precision import Precision
+
+    model = _SometimesBranch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    step = _step_for(model, optimizer, Precision("off", torch.device("cpu")))
+    images, labels = torch.randn(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    step(images, labels, epoch=0, batch=0)
+    after_first = model.branch.weight.detach().clone()
+    model.use_branch = False
+    step(images, labels, epoch=0, batch=1)  # its gradient is gone, not zero: SGD skips it
+    assert torch.equal(model.branch.weight, after_first)
+
+
+def test_clipping_under_a_loss_scaler_clips_the_unscaled_gradients(monkeypatch):
+    from repro.runtime import precision as precision_module
+    from repro.runtime.precision import Precision
+
+    monkeypatch.setattr(precision_module, "_supports", lambda device, mode: True)
+    fp16 = Precision("fp16", torch.device("cpu"))
+    assert fp16.scaler.is_enabled() and fp16.scaler.get_scale() > 1
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    step = _step_for(model, optimizer, fp16, grad_clip=0.01)
+    images, labels = torch.randn(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    for batch in range(30):  # the scaler skips the steps whose fp16 gradients overflow
+        step(images, labels, epoch=0, batch=batch)
+        moved = torch.cat([(p - b).detach().flatten()
+                           for p, b in zip(model.parameters(), before, strict=True)])  # fmt: skip
+        if moved.any():
+            break
+    # lr 1: the update is the clipped gradient, of norm 0.01, once the scale is divided out.
+    assert float(moved.norm()) == pytest.approx(0.01, rel=1e-3)
