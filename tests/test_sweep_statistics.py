@@ -39,6 +39,44 @@ def test_paired_and_welch_intervals_equal_scipys(confidence):
     assert paired.ci_low > 0 > difference_of_means(A, B).ci_low
 
 
+def _nan(*values: float) -> bool:
+    return all(isinstance(v, float) and math.isnan(v) for v in values)
+
+
+def test_welch_with_two_values_a_side_equals_scipys_and_one_value_gives_no_interval():
+    welch = difference_of_means(A[:2], B[:2])
+    expected = stats.ttest_ind(B[:2], A[:2], equal_var=False)
+    interval = expected.confidence_interval()
+    assert (welch.ci_low, welch.ci_high) == pytest.approx((interval.low, interval.high))
+    assert welch.dof == pytest.approx(expected.df)
+    for a, b in ((A[:1], B), (A, B[:1])):  # either side with one value: a difference, no interval
+        alone = difference_of_means(a, b)
+        assert alone.difference == pytest.approx(statistics.fmean(b) - statistics.fmean(a))
+        assert _nan(alone.ci_low, alone.ci_high, alone.dof)
+
+
+def test_welch_of_constant_groups_is_their_difference_exactly():
+    same = difference_of_means([0.5, 0.5], [0.75, 0.75, 0.75])
+    assert (same.difference, same.ci_low, same.ci_high, same.dof) == (0.25, 0.25, 0.25, math.inf)
+
+
+def test_paired_needs_pairs_and_one_pair_gives_no_interval():
+    with pytest.raises(ValueError):
+        paired_difference(A, B[:5])
+    one = paired_difference(A[:1], B[:1])
+    assert one.difference == pytest.approx(B[0] - A[0]) and _nan(one.ci_low, one.ci_high, one.dof)
+    two = paired_difference(A[:2], B[:2])
+    assert two.dof == 1 and two.ci_low < two.difference < two.ci_high
+
+
+def test_a_single_value_summarises_as_itself_without_spread():
+    from repro.sweeps.stats import summarize
+
+    alone = summarize([0.25])
+    assert (alone.count, alone.mean, alone.min, alone.max) == (1, 0.25, 0.25, 0.25)
+    assert _nan(alone.std, alone.ci_low, alone.ci_high)
+
+
 def fake_job(sweep_dir, num, overrides, seed, **summary):
     folder = sweep_dir / str(num)
     (folder / ".hydra").mkdir(parents=True)
