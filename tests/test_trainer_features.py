@@ -321,7 +321,7 @@ def test_under_ddp_the_gradients_are_all_reduced_once_with_the_last_micro_batch(
         dist.destroy_process_group()
 
 
-def _step_for(model, optimizer, precision, **settings):
+def _step_for(model, optimizer, precision, objective=None, mixer=None, **settings):
     from repro.engine.settings import LoopSettings
     from repro.engine.step import OptimizerStep
     from repro.runtime.memory_format import MemoryFormat
@@ -334,7 +334,7 @@ def _step_for(model, optimizer, precision, **settings):
         model=model, forward_model=model, optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
         precision=precision, memory_format=MemoryFormat("contiguous"),
-        settings=LoopSettings(**settings), objective=per_image,
+        settings=LoopSettings(**settings), objective=objective or per_image, mixer=mixer,
     )  # fmt: skip
 
 
@@ -388,3 +388,30 @@ def test_clipping_under_a_loss_scaler_clips_the_unscaled_gradients(monkeypatch):
             break
     # lr 1: the update is the clipped gradient, of norm 0.01, once the scale is divided out.
     assert float(moved.norm()) == pytest.approx(0.01, rel=1e-3)
+
+
+def test_the_step_trains_on_the_batch_mixed_for_its_place_with_the_partners_labels():
+    from repro.engine.mixing import BatchMixer
+    from repro.runtime.precision import Precision
+
+    seen = []
+
+    def recording(logits, targets, batch):
+        seen.append((batch.images, targets))
+        return {"loss": torch.nn.functional.cross_entropy(logits, targets.labels,
+                                                          reduction="none")}  # fmt: skip
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mixer = BatchMixer(mixup_alpha=0.4, cutmix_alpha=0.0, root_seed=3)
+    step = _step_for(model, optimizer, Precision("off", torch.device("cpu")), recording, mixer)
+    images, labels = torch.randn(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    for epoch, batch in ((1, 5), (2, 5), (1, 6)):
+        step(images, labels, epoch=epoch, batch=batch)
+    for (mixed_images, targets), place in zip(seen, ((1, 5), (2, 5), (1, 6)), strict=True):
+        expected = BatchMixer(0.4, 0.0, root_seed=3)(images, labels, *place)
+        assert torch.equal(mixed_images, expected.images) and torch.equal(targets.labels, labels)
+        assert torch.equal(targets.partners, expected.partner_labels)
+        assert targets.weight == expected.weight
+    assert len({targets.weight for _, targets in seen}) == 3  # each place its own draw
