@@ -51,3 +51,28 @@ def test_the_cosine_factors_are_the_closed_form_to_the_bit():
 def test_warmup_linear_trains_to_a_rate_of_zero(tmp_path):
     summary = train_in_process(tmp_path, *tiny("scheduler=warmup_linear"))
     assert summary["lr"] == 0.0 and summary["completed"]  # it ends at zero
+
+
+def test_without_warm_up_the_first_step_has_the_full_rate():
+    for schedule in (schedules.warmup_cosine, schedules.warmup_linear):
+        assert factors(schedule, 4, warmup=0.0)[:2] == [1.0, 1.0]
+
+
+def test_the_defaults_warm_up_over_a_tenth_and_a_fifth_of_the_steps():
+    cosine, linear = factors(schedules.warmup_cosine, 100), factors(schedules.warmup_linear, 100)
+    assert cosine[:11] == pytest.approx([(step + 1) / 10 for step in range(10)] + [1.0])
+    assert linear[:21] == pytest.approx([(step + 1) / 20 for step in range(20)] + [1.0])
+
+
+def test_the_rate_reaches_zero_with_one_decay_step_and_stays_there_past_the_end():
+    # 2 steps, one of warm-up: the factor after the last step (the rate a run logs at its
+    # end) is 0, and stays 0 if the schedule is stepped further.
+    for schedule in (schedules.warmup_cosine, schedules.warmup_linear):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = schedule(optimizer, 2, warmup=0.5)
+        seen = []
+        for _ in range(5):
+            seen.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        assert seen == pytest.approx([1.0, 1.0, 0.0, 0.0, 0.0], abs=1e-12)
