@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -296,3 +297,271 @@ def test_parity_refuses_logits_of_another_shape():
     images = torch.rand(5, 3, 4, 4)
     with pytest.raises(ExportError, match=r"shape \(1, 9\), not \(1, 10\)"):
         parity(lambda batch: torch.zeros(len(batch), 9), images, torch.zeros(5, 10))
+
+
+# ---- the unit: each format's writer on a small model (fast, in-process) --------------------
+
+
+def small_model():
+    """A small convolutional classifier of 10 classes, in eval mode, with its own weights."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 10),
+    ).eval()
+
+
+def wrapped_model():
+    from repro.export.formats import Normalised
+
+    return Normalised(small_model(), [0.5, 0.4, 0.3], [0.25, 0.2, 0.3]).eval()
+
+
+def test_normalised_holds_float32_statistics_shaped_for_nchw_batches():
+    from repro.export.formats import Normalised
+
+    model = small_model()
+    wrapped = Normalised(model, [0, 1, 2], [1, 2, 4])  # a config may give whole numbers
+    for name, values in (("mean", [0, 1, 2]), ("std", [1, 2, 4])):
+        buffer = wrapped.state_dict()[name]
+        assert buffer.dtype == torch.float32 and buffer.shape == (1, 3, 1, 1)
+        assert buffer.flatten().tolist() == values
+    images = torch.rand(5, 3, 6, 6)
+    expected = model(
+        (images - torch.tensor([0.0, 1, 2]).view(1, 3, 1, 1))
+        / 2 ** torch.arange(3.0).view(1, 3, 1, 1)
+    )
+    got = wrapped(images)
+    assert got.dtype == torch.float32 and torch.allclose(got, expected)
+
+
+def test_a_missing_export_extra_is_named_with_the_command_that_installs_it(monkeypatch, tmp_path):
+    from repro.export.formats import write
+
+    images = torch.rand(4, 3, 8, 8)
+    cases = [("onnx", "onnxscript", "onnxscript"), ("safetensors", "safetensors.torch", None)]
+    for fmt, module, named in cases:
+        monkeypatch.setitem(sys.modules, module, None)  # `import` of it fails: not installed
+        with pytest.raises(ConfigError) as refused:
+            write(fmt, wrapped_model(), images, tmp_path / f"model.{fmt}", "nets.Small")
+        assert str(refused.value) == (
+            f"format={fmt!r} is not allowed: needs the export extra "
+            f"({named or module} is missing): `uv sync --extra export`"
+        )
+        assert (refused.value.key, refused.value.value) == ("format", fmt)
+    assert list(tmp_path.iterdir()) == []
+
+
+class _Failing(torch.nn.Module):
+    """A model whose forward fails: `raise_` makes the error (its cause chain included)."""
+
+    def __init__(self, raise_):
+        super().__init__()
+        self.raise_ = raise_
+
+    def forward(self, images):
+        self.raise_()
+
+
+def _chained():
+    try:
+        try:
+            raise KeyError("the innermost")
+        except KeyError as inner:
+            raise TypeError("in between") from inner
+    except TypeError as middle:
+        raise RuntimeError("the outermost") from middle
+
+
+def _coloured():
+    raise ValueError("\n\x1b[1;31m  no kernel\x1b[0m for aten::fft_rfft2\nsecond line\nthird  ")
+
+
+def _long():
+    raise NotImplementedError("x" * 250 + "\nmore")
+
+
+def _empty():
+    raise RuntimeError("")
+
+
+@pytest.mark.parametrize(
+    ("raise_", "reason"),
+    [
+        (_chained, "KeyError: 'the innermost'"),
+        (_coloured, "ValueError: no kernel for aten::fft_rfft2"),
+        (_long, "NotImplementedError: " + "x" * 200),
+        (_empty, "RuntimeError: "),
+    ],
+)
+def test_an_exporter_failure_is_one_line_naming_the_target_the_format_and_the_innermost_cause(
+    raise_, reason, tmp_path
+):
+    from repro.export.formats import Normalised, write
+
+    wrapped = Normalised(_Failing(raise_), [0.5] * 3, [0.25] * 3)
+    with pytest.raises(ExportError) as refused:
+        write("torchscript", wrapped, torch.rand(4, 3, 8, 8), tmp_path / "m.pt", "nets.Spectral")
+    assert str(refused.value) == (
+        f"model._target_='nets.Spectral' cannot be exported as torchscript ({reason})"
+    )
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+
+
+@pytest.mark.filterwarnings("error")  # TorchScript's deprecation warnings are kept in
+def test_torchscript_gives_pytorchs_logits_at_every_batch_size_from_the_file(tmp_path, monkeypatch):
+    from repro.export.formats import parity, write
+
+    monkeypatch.chdir(tmp_path)  # a file named "None", say, would be written or read here
+    wrapped, images = wrapped_model(), torch.rand(20, 3, 8, 8)
+    out = tmp_path / "model.pt"
+    run = write("torchscript", wrapped, images, out, "nets.Small")
+    with torch.no_grad():
+        expected = wrapped(images)
+        found = parity(run, images, expected)
+    assert found["batch_sizes"] == [1, 17, 20] and found["max_abs_diff"] <= 1e-5
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        again = torch.jit.load(str(out), map_location="cpu")  # the file itself, read anew
+    for size in (1, 3, 20):
+        assert torch.allclose(again(images[:size]), expected[:size], atol=1e-5)
+
+
+class _Branching(torch.nn.Module):
+    """A model that counts its calls and turns a tensor into a Python bool (the trace warns)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.calls = torch.nn.Linear(3, 10), 0
+
+    def forward(self, images):
+        self.calls += 1
+        pooled = images.mean((2, 3))
+        return self.linear(pooled if bool(pooled.sum() > 0) else -pooled)
+
+
+def test_torchscript_traces_the_model_once_and_its_trace_warnings_reach_the_caller(
+    tmp_path,
+):
+    from torch.jit import TracerWarning
+
+    from repro.export.formats import Normalised, write
+
+    model = _Branching()
+    wrapped = Normalised(model, [0.0] * 3, [1.0] * 3).eval()
+    with pytest.warns(TracerWarning, match="Python boolean"):
+        run = write("torchscript", wrapped, torch.rand(4, 3, 8, 8), tmp_path / "m.pt", "nets.B")
+    assert model.calls == 1  # no second run to check the trace: the parity check does that
+    images = torch.rand(3, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(run(images), model(images), atol=1e-6)
+
+
+def test_safetensors_writes_the_models_weights_with_pytorchs_metadata(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    from repro.export.formats import write
+
+    monkeypatch.chdir(tmp_path)  # a file named "None", say, would be written here
+    (tmp_path / "out").mkdir()
+    wrapped, out = wrapped_model(), tmp_path / "out" / "model.safetensors"
+    assert write("safetensors", wrapped, torch.rand(4, 3, 8, 8), out, "nets.Small") is None
+    with safe_open(str(out), framework="pt") as stored:
+        assert stored.metadata() == {"format": "pt"}
+        assert set(stored.keys()) == set(wrapped.model.state_dict())
+    weights = load_file(str(out))
+    assert all(torch.equal(weights[k], v) for k, v in wrapped.model.state_dict().items())
+    assert "mean" not in weights  # the normalisation is the consumer's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("change", ["a value", "a name"])
+def test_weights_that_read_back_different_fail_naming_the_file(change, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    from repro.export.formats import write
+
+    real = safetensors.torch.load_file
+
+    def altered(path, *args, **kwargs):
+        loaded = real(path, *args, **kwargs)
+        if change == "a value":
+            loaded["5.bias"] = loaded["5.bias"] + 1e-3
+        else:
+            loaded["5.offset"] = loaded.pop("5.bias")
+        return loaded
+
+    monkeypatch.setattr(safetensors.torch, "load_file", altered)
+    out = tmp_path / "model.safetensors"
+    with pytest.raises(ExportError) as refused:
+        write("safetensors", wrapped_model(), torch.rand(4, 3, 8, 8), out, "nets.Small")
+    assert str(refused.value) == f"{out}: the weights read back differ from those written"
+
+
+@NEEDS_ONNX
+def test_onnx_file_has_named_input_and_output_a_dynamic_batch_and_opset_18(
+    tmp_path, capfd, monkeypatch
+):
+    import onnx
+    import onnxruntime
+
+    from repro.export.formats import Normalised, parity, write
+
+    class Renamed(Normalised):  # the file's input is `images` whatever forward calls it
+        def forward(self, pixels):
+            return super().forward(pixels)
+
+    opened = []
+
+    class Session(onnxruntime.InferenceSession):  # the parity check's own session
+        def __init__(self, *args, **kwargs):
+            opened.append(kwargs.get("providers"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Session)
+    monkeypatch.chdir(tmp_path)  # a file named "None", say, would be written or read here
+    plain = wrapped_model()
+    renamed = Renamed(plain.model, [0.5, 0.4, 0.3], [0.25, 0.2, 0.3]).eval()
+    images = torch.rand(20, 3, 8, 8)
+    with torch.no_grad():
+        expected = plain(images)
+    capfd.readouterr()
+    for wrapped, name in ((plain, "plain.onnx"), (renamed, "renamed.onnx")):
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            run = write("onnx", wrapped, images, tmp_path / name, "nets.Small")
+        assert not [w for w in warned if "provider" in str(w.message)]
+        found = parity(run, images, expected)
+        assert found["batch_sizes"] == [1, 17, 20] and found["max_abs_diff"] <= 1e-5
+        model = onnx.load(str(tmp_path / name))
+        assert [i.name for i in model.graph.input] == ["images"]
+        assert [o.name for o in model.graph.output] == ["logits"]
+        shapes = [
+            [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in (*model.graph.input, *model.graph.output)
+        ]
+        assert shapes == [["batch", 3, 8, 8], ["batch", 10]]
+        assert {o.domain: o.version for o in model.opset_import}[""] == 18
+    assert opened == [["CPUExecutionProvider"]] * 2
+    assert capfd.readouterr().out == ""  # the exporter's progress lines are not printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.onnx", "renamed.onnx"]
+
+
+def test_parity_checks_each_batch_size_once():
+    from repro.export.formats import parity
+
+    seen = []
+
+    def run(batch):
+        seen.append(len(batch))
+        return batch.flatten(1)[:, :10]
+
+    for count, sizes in ((1, [1]), (17, [1, 17]), (18, [1, 17, 18])):
+        images = torch.rand(count, 3, 4, 4)
+        seen.clear()
+        found = parity(run, images, images.flatten(1)[:, :10])
+        assert found["batch_sizes"] == seen == sizes and found["images"] == count
