@@ -97,3 +97,26 @@ def test_ema_and_accumulation_resume_exactly_after_a_kill(workers, tmp_path):
     assert summary["weights_sha256"] == expected["weights_sha256"]
     for key in ("best_val_acc", "best_step", "test_acc", "ema_val_acc"):
         assert summary[key] == expected[key], key
+
+
+@pytest.mark.parametrize("decay", [1, 1.0, "0.5", True, 0.0])
+def test_a_decay_outside_the_open_unit_interval_is_refused_word_for_word(decay):
+    with pytest.raises(ValueError) as refused:
+        WeightAverage(torch.nn.Linear(3, 2), decay=decay)
+    assert str(refused.value) == f"decay={decay!r}: allowed: a number in (0, 1)"
+
+
+def test_the_average_is_a_frozen_copy_that_restores_its_state():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    average = WeightAverage(model)
+    assert average.decay == 0.999 and not average.model.training
+    assert not any(p.requires_grad for p in average.model.parameters())  # no gradient, ever
+    assert all(p.requires_grad for p in model.parameters())  # the trained model's untouched
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    average.update()
+    restored = WeightAverage(model)
+    restored.load_state_dict(average.state_dict())
+    for mine, theirs in zip(restored.model.state_dict().values(),
+                            average.model.state_dict().values(), strict=True):  # fmt: skip
+        assert torch.equal(mine, theirs)
