@@ -121,6 +121,44 @@ def test_mixing_is_keyed_on_the_batch_and_keeps_what_it_mixes():
         assert own == pytest.approx(mixed.weight, abs=1e-6)
 
 
+def test_mixing_differs_by_epoch_and_rank_and_hands_back_the_labels():
+    images, labels = torch.rand(8, 3, 8, 8), torch.arange(8)
+    mixup = BatchMixer(0.4, 0.0, root_seed=3)
+    first = mixup(images, labels, 2, 5)
+    assert first.labels is labels
+    assert mixup(images, labels, 3, 5).weight != first.weight  # the same batch, next epoch
+    assert BatchMixer(0.4, 0.0, root_seed=3, rank=1)(images, labels, 2, 5).weight != first.weight
+    assert BatchMixer(0.4, 0.0, root_seed=3, rank=0)(images, labels, 2, 5).weight == first.weight
+
+
+@pytest.mark.parametrize(("centre", "weight"), [((3, 4), 0.75), ((0, 9), 0.64), ((5, 0), 0.1)])
+def test_cutmix_pastes_a_box_of_the_weights_area_around_its_centre_clipped_to_the_image(
+    centre, weight
+):
+    """A 6x10 image (not square), the centre drawn where given: the box is round(side *
+    sqrt(1 - weight)) on each side, centred there, cut at the edges; the weight returned is
+    the share of the image left its own."""
+    from repro.engine.mixing import _paste_box
+
+    class Draws:  # the two integers _paste_box draws: the centre's row, then its column
+        def __init__(self) -> None:
+            self.values = list(centre)
+
+        def integers(self, high: int) -> int:
+            return self.values.pop(0)
+
+    images, partners = torch.zeros(2, 3, 6, 10), torch.ones(2, 3, 6, 10)
+    mixed, left = _paste_box(images, partners, weight, Draws())
+    box_h, box_w = round(6 * (1 - weight) ** 0.5), round(10 * (1 - weight) ** 0.5)
+    expected = torch.zeros(6, 10)
+    row, column = centre
+    expected[max(row - box_h // 2, 0) : row + box_h // 2, max(column - box_w // 2, 0) :
+             column + box_w // 2] = 1  # fmt: skip
+    assert torch.equal(mixed[1, 2], expected) and torch.equal(mixed[0, 0], expected)
+    assert left == pytest.approx(1 - float(expected.mean()))
+    assert torch.equal(images, torch.zeros(2, 3, 6, 10))  # the batch itself is not written
+
+
 def test_both_on_picks_one_of_the_two_per_batch():
     images, labels = torch.rand(8, 3, 8, 8), torch.arange(8)
     both = BatchMixer(1.0, 1.0, root_seed=0)
