@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from repro.errors import DataError
 from repro.evaluate import main as evaluate_main
 from repro.guards import network
 from repro.resume import command as resume
@@ -394,3 +395,114 @@ def test_where_a_relaunch_writes_is_resumes_to_say_never_the_records():
     task = ["++hydra.run.dir=/elsewhere", "hydra.sweep.dir=/elsewhere", "trainer.epochs=2"]
     relaunch = recorded_overrides.checked_relaunch(recorded, task, None, Path("record"), False)
     assert relaunch.task == ["trainer.epochs=2"] and relaunch.hydra == []
+
+
+# --- the recorded-override rules, word for word (fast: the checks alone) ---
+
+SAYS = " a run folder decides values of the run's own keys only. If you made this folder, or "
+SAYS += "trust whoever did, add trust=true"
+WHY = {
+    "instantiate": "it names a key Hydra's instantiate reads (_target_, _args_ ...): code to run",
+    "interpolation": "it holds an interpolation, whose resolver would run",
+    "hydra": "a Hydra setting, which decides what runs and where files go",
+    "key": "a key of the run's config is a dotted name: no package (@), path or group path",
+    "option": "a config group's option is a name in this checkout's conf/, not a path",
+    "tracker": "it says where the run's metrics are sent",
+    "download": "a download, which reaches the network and writes where the record says",
+}
+
+
+@pytest.mark.parametrize(
+    ("override", "why"),
+    [
+        ("+callbacks.x._target_=os.system", "instantiate"),
+        ("trainer.tta=x${oc.env:HOME}", "interpolation"),
+        ("hydra=x", "hydra"),
+        ("hydra.job.name=abc", "hydra"),
+        ("hydra/launcher=../x", "hydra"),
+        ("+model@hydra.callbacks=x", "key"),
+        ("model..x=1", "key"),
+        ("model=../evil", "option"),
+        ("logger.mlflow.tracking_uri=file:///x", "tracker"),
+        ("logger.wandb.entity=someone", "tracker"),
+        ("data.download=true", "download"),
+    ],
+)
+def test_each_refused_override_says_why_in_one_line(override, why):
+    with pytest.raises(UntrustedConfigError) as refused:
+        recorded_overrides.check([override], "record")
+    assert str(refused.value) == (
+        f"record: the recorded override {override!r} is refused: {WHY[why]};{SAYS}"
+    )
+
+
+@pytest.mark.parametrize("override", ["data.download=null", "data.download=NULL", "X.y=1"])
+def test_a_download_left_off_or_a_key_of_any_first_letter_is_a_value(override):
+    assert recorded_overrides.check([override], "record") == [override]
+
+
+@pytest.mark.parametrize("overrides", ["trainer.epochs=2", [1], None])
+def test_overrides_that_are_not_a_list_of_strings_are_refused_as_such(overrides):
+    with pytest.raises(UntrustedConfigError) as refused:
+        recorded_overrides.check(overrides, "record")
+    assert str(refused.value) == "record: its overrides are not a list of key=value strings"
+
+
+def _relaunch(task, env=None, trusted=False, **job):
+    recorded = {"job": {"config_name": "config", **job},
+                "overrides": {"hydra": ["hydra.mode=MULTIRUN", "hydra/launcher=joblib"]}}  # fmt: skip
+    return recorded_overrides.checked_relaunch(recorded, task, env, Path("rec"), trusted)
+
+
+@pytest.mark.parametrize("seed", ["random", "0", "100", str(2**32 - 1), 7])
+def test_a_relaunch_keeps_the_launcher_and_the_values_and_a_valid_hash_seed(seed):
+    relaunch = _relaunch(["seed.value=3", "hydra.sweep.dir=/a=b"], {"pythonhashseed": seed})
+    assert relaunch == ("config", ["hydra/launcher=joblib"], ["seed.value=3"], str(seed))
+    assert _relaunch(["seed.value=3"]).hash_seed is None  # none recorded: none set
+
+
+@pytest.mark.parametrize("seed", [str(2**32), "12a", "-1", "random "])
+def test_a_hash_seed_python_would_refuse_is_one_line(seed):
+    with pytest.raises(DataError) as refused:
+        _relaunch([], {"pythonhashseed": seed})
+    assert str(refused.value) == f"rec: recorded hash seed {seed!r} is not random or a number"
+
+
+def test_a_relaunchs_refusals_name_the_record_and_trust_lifts_the_value_rule_only():
+    with pytest.raises(UntrustedConfigError, match=r"^rec: the recorded override 'hydra\.job"):
+        _relaunch(["hydra.job.name=x"])
+    with pytest.raises(UntrustedConfigError, match=r"^rec: the recorded override '\+callbacks"):
+        recorded_overrides.checked_relaunch(
+            {"job": {}, "overrides": {"hydra": ["+callbacks.x._target_=os.system"]}}, [], None,
+            Path("rec"), False,
+        )  # fmt: skip
+    trusted = _relaunch(["+callbacks.x._target_=mine.Callback"], trusted=True)
+    assert trusted.task == ["+callbacks.x._target_=mine.Callback"]
+    with pytest.raises(UntrustedConfigError) as named:
+        _relaunch([], config_name="bench")
+    assert str(named.value) == (
+        "rec: the recorded config name 'bench' is refused: repro.train's config is 'config' "
+        "(conf/config.yaml), and a run folder decides values only; if you made this folder, "
+        "or trust whoever did, add trust=true"
+    )
+    with pytest.raises(DataError) as odd:
+        _relaunch([], trusted=True, config_name="../x")
+    assert str(odd.value) == "rec: config name '../x' is not a file name of conf/"
+    with pytest.raises(DataError) as missing:
+        _relaunch([], trusted=True, config_name="nothing_here")
+    assert str(missing.value) == (
+        "rec: config name 'nothing_here': this checkout has no conf/nothing_here.yaml"
+    )
+
+
+def test_a_relaunch_is_composed_here_first_and_a_misfit_is_its_first_line():
+    fits = _relaunch(["trainer.epochs=1"])
+    recorded_overrides.check_composes(fits, ["trainer.epochs=1"], Path("rec"))
+    with pytest.raises(DataError) as misfit:
+        recorded_overrides.check_composes(fits, ["trainer.epoch=1"], Path("rec"))
+    said = str(misfit.value)
+    assert said.startswith("rec: its overrides do not compose in this checkout: ")
+    assert "trainer.epoch" in said and "\n" not in said
+    launcher = fits._replace(hydra=["hydra/launcher=no_such_launcher"])
+    with pytest.raises(DataError, match="no_such_launcher"):
+        recorded_overrides.check_composes(launcher, [], Path("rec"))
