@@ -56,3 +56,40 @@ def test_a_model_with_the_wrong_number_of_outputs_is_named_with_both_numbers():
 def test_a_label_outside_the_classes_is_named(bad):
     with pytest.raises(DataError, match=rf"label {bad}, but the data has 4 classes"):
         preflight.check_classes(ReadsValues(4), splits([0, 1, bad]), image_size=8)
+
+
+def _source(labels: list[int]) -> TensorImages:
+    return TensorImages(torch.zeros(len(labels), 3, 8, 8, dtype=torch.uint8), torch.tensor(labels))
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "test", "said"),
+    [
+        ([5], [0], [0], "the train split has label 5, but the data has 4 classes (labels 0..3)"),
+        ([0, 1], [-2], [0], "the val split has label -2, but the data has 4 classes (labels 0..3)"),
+        ([0, 1], [], [4], "the test split has label 4, but the data has 4 classes (labels 0..3)"),
+    ],
+)
+def test_each_split_is_checked_and_named_an_empty_one_skipped(train, val, test, said):
+    data = Splits(_source(train), _source(val), _source(test), ["a", "b", "c", "d"])
+    with pytest.raises(DataError) as refused:
+        preflight.check_classes(ReadsValues(4), data, image_size=8)
+    assert str(refused.value) == said
+
+
+def test_a_model_meta_tensors_can_run_is_counted_without_a_copy_on_the_cpu(monkeypatch):
+    def no_copy(_):
+        raise AssertionError("the CPU fallback ran: the meta path failed")
+
+    monkeypatch.setattr(preflight.copy, "deepcopy", no_copy)
+    assert preflight.outputs_per_image(SmallCNN(num_classes=5, widths=[4, 8]), image_size=8) == 5
+
+
+class TupleOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.mean(dim=(2, 3)), x.amax(dim=(2, 3))
+
+
+def test_a_model_whose_output_is_not_one_logits_tensor_is_not_counted():
+    assert preflight.outputs_per_image(TupleOut(), image_size=8) is None
+    preflight.check_classes(TupleOut(), splits([0, 1, 2, 3]), image_size=8)  # nothing to say
