@@ -478,6 +478,10 @@ def test_a_relaunchs_refusals_name_the_record_and_trust_lifts_the_value_rule_onl
         )  # fmt: skip
     trusted = _relaunch(["+callbacks.x._target_=mine.Callback"], trusted=True)
     assert trusted.task == ["+callbacks.x._target_=mine.Callback"]
+    vouched = recorded_overrides.checked_relaunch(
+        {"job": {}, "overrides": {"hydra": ["hydra.job.name=mine"]}}, [], None, Path("rec"), True
+    )  # the record's own Hydra settings too, when the user vouches for it
+    assert vouched.hydra == ["hydra.job.name=mine"]
     with pytest.raises(UntrustedConfigError) as named:
         _relaunch([], config_name="bench")
     assert str(named.value) == (
