@@ -165,6 +165,10 @@ def test_cifar10_batches_pack_their_pixels_and_a_batch_holding_code_is_refused(t
         def __reduce__(self):
             return (Path.touch, (tmp_path / "ran",))
 
+    _cifar_batch(root / "data_batch_2", pixels[1][:5], [0, 1, 0, 1, 0, 1])  # 5 images, 6 labels
+    with pytest.raises(DataError, match=r"data_batch_2: not laid out as a CIFAR-10 batch"):
+        pack(tmp_path, tmp_path / "again", 10**9)
+    _cifar_batch(root / "data_batch_2", pixels[1], [0, 1, 0, 1, 0, 1])
     with (root / "data_batch_3").open("wb") as handle:
         pickle.dump({b"data": Payload(), b"labels": []}, handle)
     with pytest.raises(DataError, match=r"data_batch_3: holds pathlib\.Path\.touch, not"):

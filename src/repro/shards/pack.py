@@ -15,6 +15,7 @@ exists is never written into.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import shutil
@@ -88,22 +89,34 @@ def load_cifar_batch(path: Path) -> Any:
             raise DataError(f"{path}: not a CIFAR-10 batch ({error})") from None
 
 
+@contextlib.contextmanager
+def _laid_out_as_cifar10(path: Path) -> Iterator[None]:
+    """A batch that unpickles but is not laid out as CIFAR-10's (keys, sizes, types): one line."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as error:
+        said = f"{error.__class__.__name__}: {error}"
+        raise DataError(f"{path}: not laid out as a CIFAR-10 batch ({said})") from None
+
+
 def cifar10(root: Path) -> tuple[list[str], dict[str, list[Item]]]:
     from PIL import Image
 
     def batches(names: list[str]) -> list[Item]:
         items: list[Item] = []
         for name in names:
-            batch = load_cifar_batch(root / name)
-            images = batch[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-            for pixels, label in zip(images, batch[b"labels"], strict=True):
-                encoded = io.BytesIO()
-                Image.fromarray(np.ascontiguousarray(pixels)).save(encoded, format="PNG")
-                items.append(("png", encoded.getvalue(), int(label)))
+            with _laid_out_as_cifar10(root / name):
+                batch = load_cifar_batch(root / name)
+                images = batch[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+                for pixels, label in zip(images, batch[b"labels"], strict=True):
+                    encoded = io.BytesIO()
+                    Image.fromarray(np.ascontiguousarray(pixels)).save(encoded, format="PNG")
+                    items.append(("png", encoded.getvalue(), int(label)))
         return items
 
-    meta = load_cifar_batch(root / "batches.meta")
-    classes = [name.decode() for name in meta[b"label_names"]]
+    with _laid_out_as_cifar10(root / "batches.meta"):
+        meta = load_cifar_batch(root / "batches.meta")
+        classes = [name.decode() for name in meta[b"label_names"]]
     train = batches([f"data_batch_{i}" for i in range(1, 6)])
     return classes, {"train": train, "test": batches(["test_batch"])}
 
