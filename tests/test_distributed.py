@@ -128,6 +128,29 @@ def test_ranks_agree_on_a_stop_signal_every_ten_steps_only(monkeypatch):
     assert set(agreed) == {None, signal.SIGTERM} and reduced == [0, 0, 0]
 
 
+def test_a_stop_signal_is_caught_noted_once_and_the_handlers_put_back(caplog):
+    """In the block a stop signal asks for a checkpoint instead of ending the process."""
+    import threading
+
+    before = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    assert set(before) == {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
+    alone = SimpleNamespace(enabled=False)  # no torchrun: this process decides alone
+    with signals.StopRequest() as stop:
+        assert stop.agreed(3, alone) is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.signum == signal.SIGUSR1 and stop.agreed(3, alone) == signal.SIGUSR1
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one: the latest is kept, not noted
+        assert stop.agreed(4, alone) == signal.SIGTERM
+    noted = [r.getMessage() for r in caplog.records if r.name == "repro.runs.signals"]
+    assert noted == ["got SIGUSR1: saving a checkpoint at the end of this step"]
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    installed = []  # off the main thread Python cannot install a handler: none is tried
+    worker = threading.Thread(target=lambda: installed.append(signals.StopRequest().__enter__()))
+    worker.start()
+    worker.join()
+    assert installed[0]._previous == {}
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_the_ranks_test_the_best_pt_its_last_checkpoint_wrote(tmp_path):

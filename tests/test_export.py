@@ -11,10 +11,13 @@ import shutil
 import subprocess
 import sys
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from repro import build
@@ -22,6 +25,7 @@ from repro.errors import CheckpointError, ConfigError, DataError
 from repro.export.command import export_checkpoint, main
 from repro.export.formats import ExportError
 from repro.runs.checkpoint import load
+from repro.runs.integrity import KEY as DIGEST
 from repro.runs.restore import restore
 from repro.runs.trust import UntrustedConfigError
 
@@ -565,3 +569,192 @@ def test_parity_checks_each_batch_size_once():
         seen.clear()
         found = parity(run, images, images.flatten(1)[:, :10])
         assert found["batch_sizes"] == seen == sizes and found["images"] == count
+
+
+# ---- the command's units: its checks, the weights, the normalisation, the sidecar, main ------
+
+
+def fake_run(state=None, **data):
+    """What `restore` returns, reduced to what the units read: a config and a checkpoint."""
+    data = {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3], "image_size": 24, "resize": None,
+            "num_classes": 7, **data}  # fmt: skip
+    cfg = OmegaConf.create({"data": data, "model": {"_target_": "nets.small", "width": 8}})
+    return SimpleNamespace(cfg=cfg, state={"position": {"step": 12}, **(state or {})}, model=None)
+
+
+A_NUMBER = (
+    "is not allowed: a number >= 0 (a share of the largest logit, or of 1 if that is smaller)"
+)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "weights", "tolerance", "message"),
+    [
+        ("tflite", "model", 1e-4, "format='tflite' is not allowed: onnx or torchscript or safetensors"),
+        ("onnx", "swa", 1e-4, "weights='swa' is not allowed: model (the trained weights) or ema (their "
+         "average)"),
+        ("onnx", "model", -1, f"tolerance=-1 {A_NUMBER}"),
+        ("onnx", "model", True, f"tolerance=True {A_NUMBER}"),
+        ("onnx", "model", "1e-4", f"tolerance='1e-4' {A_NUMBER}"),
+    ],
+)  # fmt: skip
+def test_the_exports_own_arguments_are_refused_naming_what_is_allowed(
+    fmt, weights, tolerance, message
+):
+    from repro.export.command import check_choices
+
+    with pytest.raises(ConfigError) as refused:
+        check_choices(fmt, weights, tolerance)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("tolerance", [0, 0.0, 3, 1e-4])
+def test_any_number_from_zero_up_is_a_tolerance(tolerance):
+    from repro.export.command import check_choices
+
+    for fmt in ("onnx", "torchscript", "safetensors"):
+        for weights in ("model", "ema"):
+            check_choices(fmt, weights, tolerance)  # no error
+
+
+@pytest.mark.parametrize("where", ["components", "before components"])
+def test_weights_ema_loads_the_average_the_run_kept(where):
+    from repro.export.command import load_weights
+
+    model = torch.nn.Linear(2, 1)
+    average = {key: torch.full_like(value, 7.0) for key, value in model.state_dict().items()}
+    trained = {key: value.clone() for key, value in model.state_dict().items()}
+    kept = {"components": {"ema": average}} if where == "components" else {"ema": average}
+    run = SimpleNamespace(state={"components": {"other": {}}, **kept}, model=model)
+    load_weights(run, "model", Path("c.pt"))  # the trained weights, as restored
+    assert all(torch.equal(model.state_dict()[k], trained[k]) for k in trained)
+    load_weights(run, "ema", Path("c.pt"))
+    assert all(torch.equal(model.state_dict()[k], average[k]) for k in average)
+
+
+@pytest.mark.parametrize("state", [{}, {"components": None}, {"components": {"teacher": {}}}])
+def test_weights_ema_without_an_average_is_one_error_naming_the_file(state):
+    from repro.export.command import load_weights
+
+    run = SimpleNamespace(state=state, model=torch.nn.Linear(2, 1))
+    with pytest.raises(CheckpointError) as refused:
+        load_weights(run, "ema", Path("runs/a/last.pt"))
+    assert str(refused.value) == (
+        "runs/a/last.pt: holds no weight average for weights=ema (the run had no "
+        "+components=ema); use weights=model"
+    )
+
+
+def test_the_normalisation_is_the_configs_unless_the_checkpoint_recorded_one():
+    from repro.export.command import normalisation
+
+    assert normalisation(fake_run(resize=28)) == {
+        "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3], "image_size": 24,
+        "interpolation": "bilinear", "resize": 28, "from": "config",
+    }  # fmt: skip
+    recorded = {"mean": [0.1, 0.2, 0.3], "std": [0.9, 0.8, 0.7], "image_size": 32,
+                "interpolation": "bicubic"}  # fmt: skip
+    assert normalisation(fake_run({"normalisation": recorded})) == {
+        **recorded, "resize": None, "from": "checkpoint",
+    }  # fmt: skip
+    partial = {"mean": [0.1], "std": [0.9]}  # a size and interpolation left to the config
+    assert normalisation(fake_run({"normalisation": partial})) == {
+        **partial, "image_size": 24, "interpolation": "bilinear", "resize": None,
+        "from": "checkpoint",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", "safetensors"])
+def test_the_sidecar_says_all_a_consumer_needs(fmt):
+    from repro.export.command import normalisation, sidecar_record
+    from repro.export.formats import OPSET
+
+    classes = ["a", "b", "c"]
+    run = fake_run({"classes": classes, DIGEST: "ab12", "position": {"step": 40}})
+    norm = normalisation(run)
+    checked = {"check": "every tensor read back equal"}
+    out = Path("out/model.x")
+    record = sidecar_record(run, fmt, out, Path("runs/a/best.pt"), "ema", norm, checked)
+    folded = fmt != "safetensors"
+    assert record == {
+        "format": fmt,
+        "file": "model.x",
+        **({"opset": OPSET} if fmt == "onnx" else {}),
+        "input": {
+            "name": "images", "layout": "NCHW", "dtype": "float32", "channels": "RGB",
+            "range": [0, 1] if folded else "(x - mean) / std, x in [0, 1]",
+            "shape": ["batch", 3, 24, 24],
+        },
+        "output": {"name": "logits", "shape": ["batch", 3]},
+        "normalisation": {**norm, "folded_in": folded},
+        "classes": classes,
+        "model": {"_target_": "nets.small", "width": 8},
+        "weights": "ema",
+        "source": {"checkpoint": "runs/a/best.pt", "content_sha256": "ab12", "step": 40},
+        "parity": checked,
+        "torch": torch.__version__,
+    }  # fmt: skip
+    assert list(record)[:2] == ["format", "file"]
+    unnamed = sidecar_record(fake_run(), fmt, out, Path("c.pt"), "model", norm, checked)
+    assert unnamed["output"]["shape"] == ["batch", 7] and unnamed["classes"] is None
+    assert unnamed["source"]["content_sha256"] is None
+
+
+def test_real_images_are_the_first_64_of_a_folder_repeated_through_the_eval_transform(tmp_path):
+    from repro.export.command import real_images
+
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *tiny("trainer.max_steps=1", "trainer.test_after_fit=false"))
+    run = restore(run_dir, "cpu")
+    folder = make_image_tree(tmp_path / "files", 2, side=40)  # 12 files of 40x40
+    pixels, where = real_images(run, str(folder))
+    assert where == f"{folder} (12 files), repeated to 64"
+    size = run.cfg.data.image_size
+    assert pixels.shape == (64, 3, size, size) and pixels.dtype == torch.uint8
+    assert torch.equal(pixels[12:24], pixels[:12]) and not torch.equal(pixels[0], pixels[1])
+    assert run.cfg.data.cache == "none"
+    pixels, where = real_images(restore(run_dir, "cpu"), None)
+    expected, _ = pytorch_logits(run_dir)
+    assert where == "the run's validation split" and torch.equal(pixels.float() / 255, expected)
+
+
+def test_main_writes_the_file_and_its_sidecar_and_says_so_in_one_line(
+    runs, tmp_path, monkeypatch, capsys
+):
+    run_dir = runs("small_cnn")
+    monkeypatch.chdir(tmp_path)
+    main([f"ckpt={run_dir}", "format=safetensors"])
+    said = "safetensors: model.safetensors and model.safetensors.json (model weights; every "
+    assert capsys.readouterr().out == said + "tensor read back equal)\n"
+    assert json.loads(Path("model.safetensors.json").read_text())["file"] == "model.safetensors"
+    main([f"ckpt={run_dir}", "format=safetensors", "overwrite=true", "weights=ema"])
+    assert "(ema weights; every tensor" in capsys.readouterr().out
+    images = make_image_tree(tmp_path / "files", 2, side=40)
+    main([f"ckpt={run_dir}", "format=torchscript", f"images={images}", "tolerance=0.5"])
+    record = json.loads(Path("model.torchscript.pt.json").read_text())
+    checked = record["parity"]
+    assert checked["tolerance"] == 0.5 and checked["images_from"].startswith(str(images))
+    assert capsys.readouterr().out == (
+        f"torchscript: model.torchscript.pt and model.torchscript.pt.json (model weights; logits "
+        f"within {checked['max_abs_diff']:.2g} of PyTorch's (allowed {checked['allowed']:.2g}) "
+        "on 64 images, batch sizes 1, 17, 64)\n"
+    )
+    assert checked["allowed"] == 0.5 * max(1.0, checked["max_abs_logit"])
+
+
+def test_main_passes_data_root_and_trust_on(tmp_path, monkeypatch, capsys):
+    tree = make_image_tree(tmp_path / "tree", 4)
+    run_dir = tmp_path / "run"
+    folder = [o for o in IMAGEFOLDER if not o.startswith("model.")]
+    spectral = "model._target_=colleague_nets.spectral_net"  # outside conf/: needs trust
+    train_in_process(
+        run_dir, *folder, f"data.root={tree}", "trainer.max_steps=2", "model=torchvision", spectral
+    )
+    moved = tree.rename(tmp_path / "moved")  # another machine's path
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main([f"ckpt={run_dir}", "format=safetensors", f"data.root={moved}"])
+    assert "colleague_nets.spectral_net" in capsys.readouterr().err
+    main([f"ckpt={run_dir}", "format=torchscript", f"data.root={moved}", "trust=true"])
+    record = json.loads(Path("model.torchscript.pt.json").read_text())
+    assert record["parity"]["images_from"] == "the run's validation split, repeated to 64"

@@ -179,3 +179,46 @@ def test_a_real_tmpfs_that_fills_then_frees_up(straight_hash, tmp_path):
 
     assert freed_rc == 0, freed_err
     assert read_summary(tmp_path / "freed")["weights_sha256"] == straight_hash
+
+
+# ---- the unit: REPRO_FAULT's injection point (fast, in-process) ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("what", "raised", "sent"),
+    [("ENOSPC", errno.ENOSPC, None), ("EROFS", errno.EROFS, None),
+     ("", None, "SIGKILL"), ("SIGTERM", None, "SIGTERM")],
+)  # fmt: skip
+def test_a_fault_fires_at_its_point_and_step_only_after_settling(what, raised, sent, monkeypatch):
+    import signal
+
+    from repro.runs import faults
+
+    monkeypatch.setattr(faults, "_POINT", "checkpoint")
+    monkeypatch.setattr(faults, "_STEP", "8")
+    monkeypatch.setattr(faults, "_WHAT", what)
+    happened = []
+    monkeypatch.setattr(os, "kill", lambda pid, number: happened.append((pid, number)))
+    for name, step in (("checkpoint", 7), ("step", 8), ("checkpoint", 80)):
+        faults.point(name, step, lambda: happened.append("settled"))
+    assert happened == []  # another point or step: nothing, not even the settling
+    settle = lambda: happened.append("settled")  # noqa: E731
+    if raised is not None:
+        with pytest.raises(OSError) as fired:
+            faults.point("checkpoint", 8, settle)
+        assert (fired.value.errno, fired.value.strerror) == (raised, os.strerror(raised))
+        assert happened == ["settled"]
+    else:
+        faults.point("checkpoint", 8, settle)
+        assert happened == ["settled", (os.getpid(), signal.Signals[sent])]
+        faults.point("checkpoint", 8)  # no settling asked for
+        assert happened[-1] == (os.getpid(), signal.Signals[sent])
+
+
+def test_no_fault_named_is_no_fault(monkeypatch):
+    from repro.runs import faults
+
+    monkeypatch.setattr(faults, "_POINT", "")
+    monkeypatch.setattr(faults, "_STEP", "")
+    monkeypatch.setattr(os, "kill", lambda *args: pytest.fail("signalled with no fault named"))
+    faults.point("", 0, lambda: pytest.fail("settled with no fault named"))  # "" is not a point
