@@ -117,6 +117,7 @@ def test_ranks_agree_on_a_stop_signal_every_ten_steps_only(monkeypatch):
     reduced = []
 
     def fake_max(tensor, context):
+        assert context is torchrun_context  # the job's ranks, not another group
         reduced.append(int(tensor.item()))
         return torch.tensor([max(reduced[-1], signal.SIGTERM)])  # another rank got SIGTERM
 
