@@ -236,3 +236,59 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(mode, tmp_path):
         f"set {key} to one you can"
     ]
     assert blocker.read_text() == "not a folder\n"
+
+
+def test_flushed_losses_are_logged_summed_with_their_terms_and_hashed_on_the_cadence(
+    tmp_path, monkeypatch
+):
+    from repro.engine import losses
+    from repro.watch.metrics import weights_sha256
+
+    model = nn.Linear(2, 1)
+    log = FingerprintLog(tmp_path / "fingerprints.csv")
+    pending = PendingLosses(log, 4, Context(), False, tmp_path)
+    assert pending.flush(Position(step=3), model) == [] and not log.path.exists()
+    position = Position(step=4, loss_sum=1.0, loss_count=1, term_sums={"ce": 0.5})
+    for total, ce, reg in ((1.5, 1.0, 0.5), (2.5, 2.0, 0.5), (0.25, 0.125, 0.125)):
+        terms = {"reg": torch.tensor(reg), "loss": torch.tensor(total), "ce": torch.tensor(ce)}
+        pending.append(terms)  # the total need not come first
+    assert pending.flush(position, model) == [1.5, 2.5, 0.25]
+    assert log.read() == [(2, "1.5", ""), (3, "2.5", ""), (4, "0.25", weights_sha256(model))]
+    assert (position.loss_sum, position.loss_count) == (5.25, 4)
+    assert position.term_sums == {"ce": 3.625, "reg": 1.125}
+    assert pending.pending == [] and pending.flush(position, model) == []
+    pending.append({"loss": torch.tensor(1.0)})
+    pending.flush(Position(step=5), model)
+    assert log.read()[-1] == (5, "1.0", "")  # off the hashing cadence
+    # Under torchrun each rank's losses are averaged over the job (unless world-invariant:
+    # then they are already the job's); only rank 0 writes.
+    summed = []
+
+    def sum_over_ranks(tensor, dist):
+        summed.append(dist.world)
+        return tensor * 3  # the ranks' sum: 3x this rank's losses
+
+    monkeypatch.setattr(losses.distributed, "sum_tensor", sum_over_ranks)
+    cases = ((1, False, 3.0, 1.5, False), (0, False, 3.0, 1.5, True), (0, True, 2.0, 1.0, True))
+    for rank, invariant, loss, ce, written in cases:
+        pending = PendingLosses(log, 50, Context(rank=rank, world=2), invariant, tmp_path)
+        pending.append({"loss": torch.tensor(2.0), "ce": torch.tensor(1.0)})
+        position = Position(step=6)
+        rows = len(log.read())
+        assert pending.flush(position, model) == [loss] and position.term_sums == {"ce": ce}
+        assert len(log.read()) == rows + written
+    assert summed == [2, 2]
+
+
+def test_a_non_finite_first_loss_logs_nothing_and_names_its_step_and_the_way_out(tmp_path):
+    log = FingerprintLog(tmp_path / "fingerprints.csv")
+    pending = PendingLosses(log, 50, Context(), False, tmp_path / "checkpoints")
+    pending.append({"loss": torch.tensor(float("nan"))})
+    pending.append({"loss": torch.tensor(1.0)})
+    with pytest.raises(NonFiniteLossError) as stopped:
+        pending.flush(Position(step=8, loss_count=3), nn.Linear(1, 1))
+    assert str(stopped.value) == (
+        f"loss is nan at step 7; the last good checkpoint is kept in {tmp_path / 'checkpoints'} "
+        "(lower optimizer.lr or set trainer.grad_clip)"
+    )
+    assert not log.path.exists()
