@@ -140,3 +140,32 @@ def test_a_second_sweep_on_a_study_in_use_is_refused_in_one_line(tmp_path):
     assert done.returncode == 2
     assert f"another sweep works on this study (pid {os.getpid()}" in done.stderr
     assert "Traceback" not in done.stderr and not (sweep_dir / "0").exists()
+
+
+def test_hydras_sweeper_hands_its_settings_setup_and_sweep_to_the_study_sweeper(monkeypatch):
+    """Hydra builds sweepers from hydra_plugins only; ours there forwards every call."""
+    from hydra_plugins.repro.study_sweeper import StudySweeper
+    from repro.search import sweeper
+
+    calls = []
+
+    class Recording:
+        def __init__(self, **settings):
+            calls.append(("init", settings))
+
+        def setup(self, **given):
+            calls.append(("setup", given))
+
+        def sweep(self, arguments):
+            calls.append(("sweep", arguments))
+            return "swept"
+
+    monkeypatch.setattr(sweeper, "StudySweeperImpl", Recording)
+    plugin = StudySweeper(study="lr_wd", n_trials=3)
+    plugin.setup(hydra_context="context", task_function=len, config="config")
+    assert plugin.sweep(["seed=1"]) == "swept"
+    assert calls == [
+        ("init", {"study": "lr_wd", "n_trials": 3}),
+        ("setup", {"hydra_context": "context", "task_function": len, "config": "config"}),
+        ("sweep", ["seed=1"]),
+    ]
