@@ -124,3 +124,163 @@ def test_a_killed_attempt_is_marked_died_by_the_resume_which_is_recorded(tmp_pat
     assert second["start_step"] == 2
     assert second["resumed_from"] == "checkpoints/last.pt"
     assert second["skipped_checkpoints"] == [] and first["resumed_from"] is None
+
+
+# ---- the unit: attempts.jsonl and the first record (fast, in-process) ----------------------
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """A history whose commit, source patch and command line are fixed by the test."""
+    from repro.runs import history
+
+    monkeypatch.setattr(history.environment, "git_commit", lambda: "c0ffee")
+    monkeypatch.setattr(history.environment, "source_patch", lambda: None)
+    monkeypatch.setenv(history.COMMAND_VARIABLE, "python -m repro.train seed=3")
+    monkeypatch.setattr(history, "_task_overrides", lambda: ["seed=3"])
+    return history
+
+
+def test_each_attempt_is_a_line_and_the_first_hydra_record_is_kept(recorded, tmp_path):
+    from omegaconf import OmegaConf
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("seed: 3\n")
+    cfg = OmegaConf.create({"seed": 3})
+    first = recorded.RunHistory(run_dir)
+    assert first.attempts() == []
+    first.begin(cfg, 0, {"resumed_from": None}, {"python": "3.11"})
+    reserve = run_dir / recorded.RESERVE_FILE
+    assert reserve.stat().st_size == recorded.RESERVE_BYTES  # room to record the end
+    (line,) = first.attempts()
+    started = line.pop("started")
+    assert len(started) == len("2026-11-26T08:49:42+0000") and started[10] == "T"
+    assert line == {
+        "attempt": 1, "command": "python -m repro.train seed=3", "overrides": ["seed=3"],
+        "config": ".hydra", "git_commit": "c0ffee", "env": {"python": "3.11"},
+        "source_patch": None, "start_step": 0, "resumed_from": None, "end_step": None,
+        "result": "running",
+    }  # fmt: skip
+    assert not (run_dir / "attempts").exists()
+    assert (run_dir / recorded.ATTEMPTS_FILE).read_text().startswith('{"attempt": 1, "command"')
+    # Killed outright: the next attempt finds it running, marks it died, records its own.
+    recorded.environment.source_patch = lambda: "diff --git a/x b/x\n"
+    second = recorded.RunHistory(run_dir)
+    second.begin(OmegaConf.create({"seed": 3, "more": 1}), 4, {}, {})
+    second.end("completed", 9)
+    assert not reserve.exists()
+    was, now = second.attempts()
+    assert was["result"] == recorded.DIED and was["end_step"] is None
+    assert (now["attempt"], now["config"], now["start_step"]) == (2, "attempts/2", 4)
+    assert (now["result"], now["end_step"]) == ("completed", 9)
+    assert now["source_patch"] == "attempts/2/source.patch"
+    folder = run_dir / "attempts" / "2"
+    assert (folder / "source.patch").read_text() == "diff --git a/x b/x\n"
+    assert OmegaConf.load(folder / "config.yaml") == {"seed": 3, "more": 1}
+    assert OmegaConf.load(folder / "overrides.yaml") == ["seed=3"]
+    assert (run_dir / ".hydra" / "config.yaml").read_text() == "seed: 3\n"
+
+
+def test_a_first_attempt_without_hydras_record_writes_its_own_and_its_patch_at_the_top(
+    recorded, tmp_path
+):
+    from omegaconf import OmegaConf
+
+    recorded.environment.source_patch = lambda: "patch\n"
+    history = recorded.RunHistory(tmp_path)
+    history.begin(OmegaConf.create({"a": 1}), 0, {}, {})
+    (line,) = history.attempts()
+    assert (line["config"], line["source_patch"]) == ("attempts/1", "source.patch")
+    assert (tmp_path / "source.patch").read_text() == "patch\n"
+    assert (tmp_path / "attempts" / "1" / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("error", "result"),
+    [(RuntimeError("cuda out of memory"), "failed: cuda out of memory"),
+     (KeyError(), "failed: KeyError")],
+)  # fmt: skip
+def test_a_failed_attempt_names_its_error_in_one_line(recorded, tmp_path, error, result):
+    from omegaconf import OmegaConf
+
+    history = recorded.RunHistory(tmp_path)
+    history.begin(OmegaConf.create({}), 0, {}, {})
+    history.fail(error, 5)
+    (line,) = history.attempts()
+    assert (line["result"], line["end_step"]) == (result, 5)
+
+
+def test_a_refused_failure_record_is_a_warning_not_a_second_error(
+    recorded, tmp_path, monkeypatch, caplog
+):
+    from omegaconf import OmegaConf
+
+    from repro.errors import StorageError
+
+    history = recorded.RunHistory(tmp_path)
+    history.begin(OmegaConf.create({}), 0, {}, {})
+
+    def full(path, text):
+        raise StorageError(path, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(recorded, "write_text_atomic", full)
+    history.fail(RuntimeError("boom"), 2)  # no exception: the caller raises `boom`
+    (warning,) = [r for r in caplog.records if r.name == "repro.runs.history"]
+    assert warning.getMessage().endswith(": the attempt's line still says running")
+    assert "No space left on device" in warning.getMessage()
+
+
+def test_hydra_writes_its_record_only_into_a_folder_no_attempt_trained_in(recorded, tmp_path):
+    from repro.runs import run_lock
+
+    fresh = tmp_path / "fresh"
+    assert recorded.record_subdir(str(fresh)) == ".hydra"
+    run_lock.release(fresh)
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / recorded.ATTEMPTS_FILE).write_text("")
+    assert recorded.record_subdir(str(trained)) is None
+    run_lock.release(trained)
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir()
+    (unsafe / "run.lock").symlink_to(tmp_path / "elsewhere")  # a claim would write out of it
+    assert recorded.record_subdir(str(unsafe)) is None  # training refuses it in one line
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("summary", "checkpoint_step", "complete"),
+    [({"completed": True, "step": 10}, 10, True), ({"completed": False, "step": 10}, 10, False),
+     ({"completed": True, "step": 8}, 10, False), ({"completed": True, "step": 10}, 8, False),
+     ({"step": 10}, 10, False), (None, 10, False)],
+)  # fmt: skip
+def test_a_folder_is_complete_only_with_a_completed_summary_of_exactly_the_steps(
+    tmp_path, summary, checkpoint_step, complete
+):
+    from repro.runs.history import already_complete
+
+    if summary is not None:
+        (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert already_complete(tmp_path, checkpoint_step, 10) is complete
+
+
+def test_an_output_folder_that_cannot_be_written_is_one_line_naming_the_key(tmp_path, capsys):
+    from repro.runs.history import check_writable
+
+    check_writable(tmp_path / "new" / "deep", "hydra.run.dir")  # made, probed, left empty
+    assert list((tmp_path / "new" / "deep").iterdir()) == []
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as stopped:
+        check_writable(tmp_path / "file" / "run", "hydra.sweep.dir")
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot write the output folder {tmp_path / 'file' / 'run'} (Not a directory): "
+        "set hydra.sweep.dir to one you can\n"
+    )
+    (tmp_path / "new" / "metrics.csv").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SystemExit):
+        check_writable(tmp_path / "new", "hydra.run.dir")
+    assert capsys.readouterr().err.startswith(
+        f"error: {tmp_path / 'new'}: metrics.csv is a link to "
+    )
