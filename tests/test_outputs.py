@@ -127,6 +127,32 @@ def _row(step: int, **extra: float) -> dict[str, float]:
     return {**base, **extra}
 
 
+def test_the_first_divergence_names_its_step_and_both_sides_over_the_common_steps():
+    from repro.runs.fingerprint_log import Row, first_divergence
+
+    a, b = "a" * 48 + "0" * 16, "b" * 48 + "1" * 16
+    recorded = [Row(1, "0.5", ""), Row(2, "0.25", a), Row(3, "0.125", "")]
+    assert first_divergence(recorded, recorded[:2]) is None  # a shorter rerun: its steps agree
+    assert first_divergence(recorded[:1], recorded) is None
+    rehashed = [recorded[0], Row(2, "0.25", b)]
+    assert first_divergence(recorded, rehashed, ("before", "after")) == (
+        f"step 2: weights hash {'a' * 16} before, {'b' * 16} after"
+    )
+    assert first_divergence(recorded, [Row(1, "0.5000001", "")]) == (
+        "step 1: loss 0.5 recorded, 0.5000001 now"
+    )
+    assert first_divergence(recorded, [recorded[0], Row(2, "0.25", "")]) is None  # unhashed
+
+
+def test_a_refused_fingerprint_append_names_the_file(tmp_path):
+    from repro.errors import StorageError
+
+    log = FingerprintLog(tmp_path / "gone" / "fingerprints.csv")  # its folder is not there
+    with pytest.raises(StorageError) as refused:
+        log.append(1, [0.5])
+    assert str(refused.value).startswith(f"cannot write {log.path}: ")
+
+
 def test_a_callback_added_on_resume_adds_its_column_and_one_dropped_leaves_blanks(tmp_path):
     from repro.watch.loggers import MetricsLog
 
