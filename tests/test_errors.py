@@ -292,3 +292,23 @@ def test_a_non_finite_first_loss_logs_nothing_and_names_its_step_and_the_way_out
         "(lower optimizer.lr or set trainer.grad_clip)"
     )
     assert not log.path.exists()
+
+
+@pytest.mark.parametrize(("line_format", "line"), [
+    (None, "WARNING repro.export: the file is large\n"),
+    ("%(message)s", "the file is large\n"),
+])  # fmt: skip
+def test_a_commands_warnings_reach_stderr_in_its_format_and_its_info_does_not(
+    line_format, line, monkeypatch, capsys
+):
+    import logging
+
+    from repro.errors import warnings_to_stderr
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # as in a fresh process: nothing set up yet
+    monkeypatch.setattr(root, "level", logging.NOTSET)
+    warnings_to_stderr(*([line_format] if line_format else []))
+    logging.getLogger("repro.export").info("steps taken")
+    logging.getLogger("repro.export").warning("the file is large")
+    assert capsys.readouterr().err == line

@@ -51,6 +51,17 @@ def one_line(error: BaseException) -> str:
     return message
 
 
+# A command's own lines on stderr: `LEVEL logger: message`, or the bare message where the
+# command's lines are its report (verify).
+NAMED = "%(levelname)s %(name)s: %(message)s"
+BARE = "%(message)s"
+
+
+def warnings_to_stderr(line_format: str = NAMED) -> None:
+    """Show the warnings a command's modules log (and worse) on stderr, in `line_format`."""
+    logging.basicConfig(level=logging.WARNING, format=line_format)
+
+
 def exit_with(error: UserError, code: int = 2) -> None:
     """Print the error as one line on stderr, note it in the run's log files, and exit."""
     message = for_terminal(one_line(error))  # it may quote a file's values: no escape sequences

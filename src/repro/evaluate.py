@@ -18,7 +18,6 @@ if __name__ == "__main__":  # before torch is imported, so the re-exec costs nex
 
     pin_hash_seed("repro.evaluate")
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from repro.data.cache import decode
 from repro.data.loader import Batches
 from repro.data.sources import in_memory
 from repro.engine.evaluation import evaluate
-from repro.errors import ConfigError, UserError, exit_with
+from repro.errors import ConfigError, UserError, exit_with, warnings_to_stderr
 from repro.files import json_text
 from repro.guards.network import offline
 from repro.guards.text import for_terminal
@@ -101,7 +100,7 @@ def evaluate_checkpoint(
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    warnings_to_stderr()
     try:
         args = arguments(argv, ARGUMENTS)
         overwrite = args.get("overwrite", False)

@@ -21,7 +21,6 @@ if __name__ == "__main__":  # before torch is imported, so the re-exec costs nex
 
 import csv
 import io
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from repro import build
 from repro.data.loader import Batches
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
-from repro.errors import ConfigError, DataError, UserError, exit_with
+from repro.errors import ConfigError, DataError, UserError, exit_with, warnings_to_stderr
 from repro.guards.network import offline
 from repro.guards.text import for_csv
 from repro.runs.restore import arguments, output_file, restore, write_result
@@ -92,7 +91,7 @@ def predict_files(
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    warnings_to_stderr()
     try:
         args = arguments(argv, ARGUMENTS)
         if "images" not in args:

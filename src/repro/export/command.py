@@ -15,7 +15,6 @@ sizes 1, 17 and 64, to within `tolerance` x max(1, the largest logit); if not, n
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +25,14 @@ from omegaconf import OmegaConf
 
 from repro import build
 from repro.data.sources import ImageFiles
-from repro.errors import CheckpointError, ConfigError, DataError, UserError, exit_with
+from repro.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    UserError,
+    exit_with,
+    warnings_to_stderr,
+)
 from repro.export.formats import FORMATS, OPSET, ExportError, Normalised, parity, write
 from repro.files import atomic_path, write_json_atomic, writing
 from repro.guards.network import offline
@@ -190,7 +196,7 @@ def sidecar_record(
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    warnings_to_stderr()
     try:
         args = arguments(argv, ARGUMENTS)
         fmt, weights = args.get("format"), args.get("weights", "model")

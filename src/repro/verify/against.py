@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from repro.errors import ConfigError, UserError, exit_with
+from repro.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
 from repro.runs.fingerprint_log import FingerprintLog, Row, first_divergence
 
 USAGE = "python -m repro.verify --against REV [steps=N] [threads=N] [key=value ...]"
@@ -138,7 +137,7 @@ def parse(argv: list[str]) -> tuple[str, int, list[str]]:
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    warnings_to_stderr(BARE)
     try:
         rev, steps, overrides = parse(argv)
         with worktree(rev) as (tree, commit), tempfile.TemporaryDirectory() as runs:

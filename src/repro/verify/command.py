@@ -16,7 +16,6 @@ weights): the recorded config decides results, not what this machine sends.
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from repro import build, config, schema
 from repro.data import fingerprint
-from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
+from repro.errors import (
+    BARE,
+    ConfigError,
+    DataError,
+    UserError,
+    exit_with,
+    one_line,
+    warnings_to_stderr,
+)
 from repro.guards.network import offline
 from repro.guards.text import for_terminal
 from repro.runs import resume
@@ -197,7 +204,7 @@ def verify(
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    warnings_to_stderr(BARE)
     try:
         if not argv or "=" in argv[0]:
             raise ConfigError("RUN_DIR", None, f"usage: {USAGE}")

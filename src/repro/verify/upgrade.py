@@ -20,7 +20,6 @@ Both trainings run in child processes, from the project's folder, with one PYTHO
 from __future__ import annotations
 
 import json
-import logging
 import re
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from repro.errors import ConfigError, UserError, exit_with
+from repro.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
 from repro.runs.fingerprint_log import FingerprintLog
 from repro.verify.against import CONFIG, DEFAULT_STEPS, EVERY_STEP, PACKAGE, Side, difference
 
@@ -149,7 +148,7 @@ def parse(argv: list[str]) -> tuple[str, int, list[str]]:
 
 
 def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    warnings_to_stderr(BARE)
     project = Path.cwd()
     old, new = Side("the old engine", project), Side("the new engine", project)
     try:
