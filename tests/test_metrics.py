@@ -294,3 +294,39 @@ def test_a_reserved_metric_name_or_a_metric_of_other_states_is_refused_word_for_
         f"metrics.mine._target_='{__name__}.UserMetric' is not allowed: a torchmetrics Metric "
         'whose states are all counts (dist_reduce_fx="sum")'
     )
+
+
+# ---- the unit: evaluation's confusion matrix and plain prediction --------------------------
+
+
+def test_the_confusion_matrix_counts_true_by_predicted_and_sums_over_the_ranks(monkeypatch):
+    from repro.engine import evaluation
+    from repro.runtime.distributed import Context
+
+    empty = evaluation.Predictions().confusion(3)  # a rank whose shard was empty
+    assert empty.dtype == torch.int64 and empty.tolist() == [[0] * 3] * 3
+    kept = evaluation.Predictions([torch.tensor([0, 2]), torch.tensor([2])],
+                                  [torch.tensor([1, 2]), torch.tensor([0])])  # fmt: skip
+    assert kept.confusion(3).tolist() == [[0, 1, 0], [0, 0, 0], [1, 0, 1]]
+    summed = []
+    job = Context(rank=0, world=2)
+
+    def over_ranks(counts, dist):
+        summed.append((counts.tolist(), dist))
+        return counts * 2  # the other rank counted the same
+
+    monkeypatch.setattr(evaluation.distributed, "sum_tensor", over_ranks)
+    kept.dist = job
+    assert kept.confusion(3).tolist() == [[0, 2, 0], [0, 0, 0], [2, 0, 2]]
+    assert evaluation.Predictions(dist=job).confusion(2).tolist() == [[0, 0], [0, 0]]
+    assert summed == [([[0, 1, 0], [0, 0, 0], [1, 0, 1]], job), ([[0, 0], [0, 0]], job)]
+
+
+def test_prediction_without_tta_is_the_models_own_logits_in_float32():
+    from repro.engine.evaluation import predict
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3)).double()
+    images = torch.rand(2, 1, 3, 4, dtype=torch.float64)
+    got = predict(model, images)  # tta left at its default: none
+    assert got.dtype == torch.float32 and torch.equal(got, model(images).float())
+    assert not torch.equal(got, predict(model, images, "flip"))  # the model is not symmetric
