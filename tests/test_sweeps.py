@@ -258,3 +258,110 @@ def test_the_multirun_callback_finishes_the_sweeps_mlflow_run_or_says_why_not(
     assert (sweep / "sweep_summary.json").is_file()
     said = [record.getMessage() for record in caplog.records]
     assert "the sweep's MLflow run was not finished: no answer from the tracking server" in said
+
+
+# ---- the unit: a report rendered, word for word ---------------------------------------------
+
+
+def small_report(sweep_dir, adaptive=None):
+    """A report of three jobs (one ok per group, one pruned, one failed) built by hand."""
+    nan = float("nan")
+    group = {"count": 2, "mean": 0.5, "std": 0.125, "min": 0.25, "max": 0.75,
+             "ci_low": 0.125, "ci_high": nan}  # fmt: skip
+    jobs = [
+        report.Job("0", ["amp=off", "seed=0"], {"seed": 0, "val_acc": 0.75, "test_acc": None,
+                   "weights_sha256": "f" * 64}, None, group="amp=off"),
+        report.Job("1", ["amp=bf16", "seed=0"], {"seed": 0, "val_acc": 0.5, "pruned": True,
+                   "step": 7}, None, group="amp=bf16"),
+        report.Job("2", ["amp=bf16", "seed=1"], None, "=cmd|boom", group="amp=bf16"),
+    ]  # fmt: skip
+    difference = {"difference": -0.25, "ci_low": -0.5, "ci_high": 0.0, "test": "paired: 2 shared seeds",
+                  "verdict": "no difference shown", "welch": {"ci_low": -0.75, "ci_high": 0.25}}  # fmt: skip
+    comparisons = [{"a": "amp=off", "b": "amp=bf16", "val_acc": difference}]
+    return report.Report(sweep_dir, jobs, {"amp=off": {"val_acc": group}}, comparisons,
+                         ["val_acc", "test_acc"], adaptive)  # fmt: skip
+
+
+def test_the_markdown_report_is_exactly_its_tables(tmp_path):
+    looks = [{"seeds": 2, "difference": 0.015, "ci_low": -0.01, "ci_high": 0.04},
+             {"seeds": 4, "difference": 0.02, "ci_low": 0.005, "ci_high": None}]  # fmt: skip
+    adaptive = {"metric": "val_acc", "a": "amp=off", "b": "amp=bf16", "look_confidence": 0.975,
+                "why": "resolved after 4 seeds", "looks": looks}  # fmt: skip
+    assert render.markdown(small_report(tmp_path, adaptive)) == "\n".join([
+        f"# Sweep report: {tmp_path}", "",
+        "3 jobs, 1 finished, 1 failed, 1 pruned.", "",
+        "## Adaptive seeds: val_acc of b = amp=bf16 vs a = amp=off", "",
+        "resolved after 4 seeds", "",
+        "| seeds | val_acc: b - a | 97.50% CI |", "|---|---|---|",
+        "| 2 | 0.0150 | [-0.0100, 0.0400] |", "| 4 | 0.0200 | [0.0050, n/a] |", "",
+        "## Groups (95% confidence intervals, t distribution)", "",
+        "| group | metric | n | mean | std | min | max | 95% CI |",
+        "|---|---|---|---|---|---|---|---|",
+        "| amp=off | val_acc | 2 | 0.5000 | 0.1250 | 0.2500 | 0.7500 | [0.1250, n/a] |", "",
+        "## Differences (b - a, 95% CI: paired over shared seeds, else Welch)", "",
+        "| a | b | metric | difference | 95% CI | test | Welch 95% CI | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+        "| amp=off | amp=bf16 | val_acc | -0.2500 | [-0.5000, 0.0000] | paired: 2 shared seeds "
+        "| [-0.7500, 0.2500] | no difference shown |", "",
+        "## Jobs", "",
+        "| job | group | seed | val_acc | test_acc | weights_sha256 | status |",
+        "|---|---|---|---|---|---|---|",
+        f"| 0 | amp=off | 0 | 0.7500 | n/a | {'f' * 16} | ok |",
+        "| 1 | amp=bf16 | 0 | 0.5000 | n/a |  | pruned at step 7 |",
+        "| 2 | amp=bf16 |  | n/a | n/a |  | FAILED: =cmd|boom |",
+    ]) + "\n"  # fmt: skip
+    plain = small_report(tmp_path)
+    plain.jobs, plain.comparisons = plain.jobs[:1], []
+    text = render.markdown(plain)
+    assert "1 jobs, 1 finished, 0 failed.\n" in text and "Differences" not in text
+    assert "Adaptive" not in text
+
+
+def test_the_summary_files_hold_each_job_and_no_cell_a_spreadsheet_would_run(tmp_path, monkeypatch):
+    import csv
+
+    drawn = []
+    monkeypatch.setattr(render, "plot", lambda built, out: drawn.append(out))
+    built = small_report(tmp_path)
+    render.write(built)
+    assert drawn == [tmp_path / "sweep.png"]
+    saved = json.loads((tmp_path / "sweep_summary.json").read_text())
+    assert saved["sweep_dir"] == str(tmp_path) and saved["adaptive"] is None
+    assert saved["groups"]["amp=off"]["val_acc"]["mean"] == 0.5
+    assert saved["comparisons"][0]["val_acc"]["test"] == "paired: 2 shared seeds"
+    assert saved["jobs"][2] == {"job": "2", "group": "amp=bf16", "overrides": ["amp=bf16", "seed=1"],
+                                "status": "failed", "error": "=cmd|boom", "seed": None,
+                                "weights_sha256": None, "val_acc": None, "test_acc": None}  # fmt: skip
+    assert saved["jobs"][1]["status"] == "pruned" and saved["jobs"][1]["val_acc"] == 0.5
+    rows = list(csv.reader((tmp_path / "sweep_summary.csv").read_text().splitlines()))
+    assert rows[0] == ["job", "group", "overrides", "status", "error", "seed", "weights_sha256",
+                       "val_acc", "test_acc"]  # fmt: skip
+    assert rows[1] == ["0", "amp=off", "amp=off seed=0", "ok", "", "0", "f" * 64, "0.75", ""]
+    assert rows[3][4] == "'=cmd|boom" and rows[3][3] == "failed"  # not a formula
+    assert (tmp_path / "sweep_summary.md").read_text() == render.markdown(built)
+
+
+def test_the_plot_shows_each_finished_job_and_each_groups_mean_and_interval(tmp_path, monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(
+        render, "save_figure_atomic", lambda figure, out: drawn.update(f=figure, out=out)
+    )
+    built = small_report(tmp_path)
+    built.jobs.append(
+        report.Job("3", ["amp=off", "seed=1"], {"val_acc": 0.25}, None, group="amp=off")
+    )
+    built.groups["amp=bf16"] = {"val_acc": {"mean": 0.5, "ci_low": 0.25, "ci_high": 1.0}}
+    built.groups["amp=off"]["val_acc"]["ci_low"] = float("nan")  # one job: no interval
+    render.plot(built, tmp_path / "sweep.png")
+    (axis,) = drawn["f"].axes
+    assert drawn["out"] == tmp_path / "sweep.png"
+    assert [label.get_text() for label in axis.get_xticklabels()] == ["amp=off", "amp=bf16"]
+    assert axis.get_ylabel() == "validation accuracy"
+    assert axis.get_title() == "val_acc per job; mean and 95% CI per group"
+    points = [collection.get_offsets().tolist() for collection in axis.collections[:2]]
+    assert points == [[[0, 0.75], [0, 0.25]], []]  # pruned and failed jobs are not drawn
+    (bar,) = axis.containers  # amp=bf16's, the one group with an interval
+    (line,) = bar.lines[0:1]
+    assert line.get_xydata().tolist() == [[1.15, 0.5]]
+    (segments,) = bar.lines[2]
+    assert segments.get_segments()[0].tolist() == [[1.15, 0.25], [1.15, 1.0]]
