@@ -91,6 +91,19 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 SHAPES = ("circle", "bar", "blank")
 
 
+def save_as_from_a_gpu(obj: Any, path: Path) -> None:
+    """torch.save `obj` with every storage tagged for a device this machine lacks, as a file
+    written on a GPU machine reads here: loading it needs a map_location that is here."""
+    from torch import serialization
+
+    entry = (-1, lambda storage: "gpu_elsewhere", lambda storage, location: None)
+    serialization._package_registry.insert(0, entry)  # torch offers no unregister
+    try:
+        torch.save(obj, path)
+    finally:
+        serialization._package_registry.remove(entry)
+
+
 def draw_shape(kind: str, height: int, width: int, rng: np.random.Generator) -> Image.Image:
     """A bright circle, a bright vertical bar or nothing, on a dim background of random shade."""
     pixels = np.full((height, width, 3), rng.integers(40, 90), dtype=np.uint8)

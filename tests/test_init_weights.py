@@ -15,7 +15,7 @@ from repro.models.small_cnn import SmallCNN
 from repro.runs.init_weights import load_matching, load_on_every_rank
 from repro.runtime import distributed
 
-from conftest import compose_config, tiny, train_in_process
+from conftest import compose_config, save_as_from_a_gpu, tiny, train_in_process
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,77 @@ def test_files_that_cannot_start_a_model_are_refused_in_one_line(trained, tmp_pa
         with pytest.raises(CheckpointError, match=message):
             load_matching(model, path)
     assert not (tmp_path / "pwned").exists()
+    said = {
+        unsafe: "refused, not tensors saved by torch.save, or it holds other objects (loading "
+        "them could run code)",
+        foreign: "none of its 1 tensors matches a name and shape of this model; point it at "
+        "weights of the same architecture",
+        numbered: "not a state_dict (a dict of tensors by name)",
+        truncated: "not a torch.save file (RuntimeError)",
+    }
+    for path, message in said.items():  # each names the setting and the file, word for word
+        with pytest.raises(CheckpointError) as refused_file:
+            load_matching(model, path)
+        assert str(refused_file.value) == f"trainer.init_weights={path}: {message}"
+
+
+def test_code_in_a_file_is_refused_even_where_torchs_own_default_is_switched_off(
+    tmp_path, monkeypatch
+):
+    """weights_only=True is passed, not left to torch's default, which this variable turns off."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    unsafe = tmp_path / "unsafe.pt"
+    torch.save({"w": Exploit(tmp_path / "pwned")}, unsafe)
+    with pytest.raises(CheckpointError, match="refused"):
+        load_matching(SmallCNN(num_classes=3, widths=(8, 16)), unsafe)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_weights_saved_on_a_gpu_load_on_a_machine_without_one(trained, tmp_path):
+    source = torch.load(trained, weights_only=True)["model"]
+    from_gpu = tmp_path / "from_gpu.pt"
+    save_as_from_a_gpu(source, from_gpu)
+    with pytest.raises(RuntimeError, match="gpu_elsewhere"):
+        torch.load(from_gpu, weights_only=True)  # torch's own default: the saved device
+    model = build.model(compose_config(*tiny()), 5)
+    assert load_matching(model, from_gpu)["loaded"] == len(source)
+
+
+def test_a_damaged_repro_checkpoint_is_refused_as_one(trained, tmp_path):
+    state = torch.load(trained, weights_only=True)
+    name = next(iter(state["model"]))
+    state["model"][name] = state["model"][name] + 1  # bit rot: the digest no longer matches
+    damaged = tmp_path / "damaged.pt"
+    torch.save(state, damaged)
+    with pytest.raises(CheckpointError) as refused:
+        load_matching(build.model(compose_config(*tiny()), 0), damaged)
+    assert str(refused.value).startswith(f"trainer.init_weights={damaged}: damaged, ")
+
+
+def test_a_wrappers_prefix_is_dropped_only_when_every_name_has_it(trained, tmp_path):
+    source = torch.load(trained, weights_only=True)["model"]
+    first, *rest = source
+    mixed = {f"module.{first}": source[first], **{name: source[name] for name in rest}}
+    path = tmp_path / "mixed.pt"
+    torch.save(mixed, path)
+    model = build.model(compose_config(*tiny()), 5)
+    loaded = load_matching(model, path)
+    assert loaded["loaded"] == len(rest) and loaded["kept_initial"] == [first]
+    compiled = tmp_path / "compiled_ddp.pt"  # DDP around torch.compile: both prefixes
+    torch.save({f"module._orig_mod.{name}": t for name, t in source.items()}, compiled)
+    assert load_matching(model, compiled)["loaded"] == len(source)
+
+
+def test_the_tensors_kept_initial_are_logged_by_name(trained, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="repro.runs.init_weights")
+    load_matching(SmallCNN(num_classes=3, widths=(8, 16)), trained)
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.init_weights"]
+    count = len(torch.load(trained, weights_only=True)["model"]) - 2
+    assert (
+        said == f"init_weights: {count} tensors loaded; kept initial: 9.bias, 9.weight"
+    )  # the head
 
 
 def test_a_fine_tuned_run_records_its_start_and_resumes_exactly(trained, tmp_path):
@@ -117,3 +188,11 @@ def test_a_file_missing_on_one_rank_stops_every_rank(trained, monkeypatch):
         load_on_every_rank(model, trained, two_ranks)
     others[0] = None
     assert load_on_every_rank(model, trained, two_ranks)["loaded"] > 0
+    gone = trained.parent / "gone.pt"  # now rank 0 is the one without the file
+    with pytest.raises(CheckpointError) as refused:
+        load_on_every_rank(model, gone, two_ranks)
+    assert str(refused.value) == f"rank 0: trainer.init_weights={gone}: no such file"
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError) as refused:  # one process: no rank to name
+        load_on_every_rank(model, gone, distributed.Context())
+    assert str(refused.value) == f"trainer.init_weights={gone}: no such file"
