@@ -505,3 +505,145 @@ def test_the_comparability_rule_reads_each_override_key_as_a_whole():
     assert verdict.incomparable("train_acc", ["objective=focal"]) == "the objective differs"
     said = verdict.verdict("val_focal", -0.3, -0.1, keys=["objective=focal"], terms=["focal"])
     assert said.verdict == "not comparable: the objective differs" and said.better is None
+
+
+# ---- report's units: reading a job's records, its numbers and groups ------------------------
+
+
+def job_folder(sweep_dir, name, overrides=("amp=off",), summary=None, error=None, config=None):
+    folder = sweep_dir / name
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    if error is not None:
+        (folder / "error.txt").write_text(error)
+    if config is not None:
+        (folder / ".hydra" / "config.yaml").write_text(config)
+    return folder
+
+
+def test_a_jobs_error_is_its_last_line_unless_a_later_summary_made_it_good(tmp_path):
+    import os
+
+    failed = job_folder(tmp_path, "0", error="Traceback\nValueError: lr\n")
+    assert report.read_job(failed).error == "ValueError: lr" and not report.read_job(failed).ok
+    assert report.read_job(job_folder(tmp_path, "1", error="")).error == "?"
+    fixed = job_folder(tmp_path, "2", summary={"completed": True}, error="ValueError: lr\n")
+    os.utime(fixed / "error.txt", ns=(1, 1))  # the error came first, the summary after it
+    assert report.read_job(fixed).error is None and report.read_job(fixed).status == "ok"
+    stale = job_folder(tmp_path, "3", summary={"completed": True}, error="OSError: full\n")
+    os.utime(stale / "summary.json", ns=(1, 1))  # the summary is the older one
+    assert report.read_job(stale).error == "OSError: full"
+    assert report.read_job(job_folder(tmp_path, "4")).error == (
+        "no summary.json (the job was killed or is still running)"
+    )
+    stopped = {"completed": False, "step": 40, "stopped_by_signal": 15}
+    assert report.read_job(job_folder(tmp_path, "5", summary=stopped)).error == (
+        "stopped at step 40 (signal 15)"
+    )
+    done = report.read_job(job_folder(tmp_path, "6", ["seed=1", "amp=off"], {"val_acc": 0.5}))
+    assert (done.name, done.overrides, done.summary, done.error) == (
+        "6", ["seed=1", "amp=off"], {"val_acc": 0.5}, None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "summary", "error"),
+    [("- 3\n", None, "records unreadable: .hydra/overrides.yaml holds no list of overrides"),
+     ("a: 1\n", None, "records unreadable: .hydra/overrides.yaml holds no list of overrides"),
+     ("[a, [b]]\n", None, "records unreadable: .hydra/overrides.yaml holds no list of overrides"),
+     ("- a\n", "[1]", "records unreadable: summary.json holds no mapping"),
+     ("- a\n", "{", "records unreadable: Expecting property name enclosed in double quotes: "
+                   "line 1 column 2 (char 1)"),
+     ("[\n", None, "records unreadable: while parsing a flow node"),
+     ("- a\n", "\n\n", "records unreadable: Expecting value: line 3 column 1 (char 2)")],
+)  # fmt: skip
+def test_records_that_cannot_be_read_make_a_failed_job_saying_so(
+    tmp_path, overrides, summary, error
+):
+    folder = job_folder(tmp_path, "7")
+    (folder / ".hydra" / "overrides.yaml").write_text(overrides)
+    if summary is not None:
+        (folder / "summary.json").write_text(summary)
+    job = report.read_job(folder)
+    assert (job.name, job.overrides, job.summary, job.error) == ("7", [], None, error)
+    assert job.status == "failed"
+
+
+def test_an_empty_overrides_file_is_no_overrides_and_an_unreadable_one_names_its_error(tmp_path):
+    empty = job_folder(tmp_path, "0", summary={"val_acc": 0.5})
+    (empty / ".hydra" / "overrides.yaml").write_text("")
+    assert report.read_job(empty).overrides == [] and report.read_job(empty).ok
+    gone = job_folder(tmp_path, "1")
+    (gone / ".hydra" / "overrides.yaml").unlink()
+    (gone / ".hydra" / "overrides.yaml").mkdir()  # an OSError with a message
+    assert report.read_job(gone).error.startswith("records unreadable: [Errno 21] Is a directory")
+
+
+@pytest.mark.parametrize(
+    ("config", "monitor"),
+    [("trainer:\n  monitor: val_loss\n  monitor_mode: min\n", ("val_loss", "min")),
+     ("trainer:\n  monitor: 3\n  monitor_mode: max\n", ("3", "max")),
+     ("trainer: {}\n", None), ("trainer: 3\n", None), ("[\n", None), ("", None), (None, None)],
+)  # fmt: skip
+def test_a_jobs_monitor_is_read_from_its_config_or_left_unknown(tmp_path, config, monitor):
+    folder = job_folder(tmp_path, "0", summary={"val_acc": 0.5}, config=config)
+    assert report.read_job(folder).monitor == monitor
+
+
+def test_a_number_is_found_by_name_or_dotted_path_and_nothing_else_counts():
+    summary = {"val_acc": 0.5, "step": 7, "completed": True, "name": "x", "env": {"threads": 4},
+               "a.b": 2.5, "deep": {"er": {"x": 1}}}  # fmt: skip
+    assert report.number(summary, "val_acc") == 0.5 and report.number(summary, "step") == 7.0
+    assert isinstance(report.number(summary, "step"), float)
+    assert report.number(summary, "env.threads") == 4.0 and report.number(summary, "a.b") == 2.5
+    assert report.number(summary, "deep.er.x") == 1.0
+    for missing in ("completed", "name", "env", "env.cores", "val_acc.x", "nothing"):
+        assert report.number(summary, missing) is None, missing
+
+
+def test_the_metrics_are_the_usual_then_the_runs_own_prefixed_numbers_then_the_named():
+    jobs = [
+        report.Job("0", [], {"val_acc": 0.5, "val_margin": 0.1, "train_ce": 1.0, "val_note": "x",
+                             "ema_val_acc": 0.6, "best_val_acc": 0.7, "test_flag": True}, None),
+        report.Job("1", [], {"test_zz": 1.0, "val_acc": 0.5}, None),
+        report.Job("2", [], None, "failed"),
+    ]  # fmt: skip
+    assert report.metrics_of(jobs, ["best_val_acc", "val_acc", "best_val_acc", "env.seed"]) == [
+        *report.METRICS, "ema_val_acc", "test_zz", "train_ce", "val_margin", "best_val_acc",
+        "env.seed",
+    ]  # fmt: skip
+
+
+def test_the_seed_override_in_any_spelling_is_not_a_group():
+    for seed in ("seed=1", "+seed=1", "~seed", "seed.value=2", "++seed.value=2"):
+        assert report._is_seed(seed), seed
+    for other in ("seeds=1", "seed.mode=x", "data.seed=1", "trainer.seed=3"):
+        assert not report._is_seed(other), other
+
+
+def test_jobs_are_read_in_number_order_and_grouped_by_what_they_do_not_share(tmp_path):
+    for name, overrides in [("10", ["e=3", "amp=off", "seed=2"]), ("2", ["e=3", "amp=bf16", "seed=1"]),
+                            ("1", ["e=3", "seed=0", "amp=off", "lr=2"])]:  # fmt: skip
+        job_folder(tmp_path, name, overrides, {"val_acc": 0.5})
+    (tmp_path / "not_a_job").mkdir()
+    jobs = report.collect(tmp_path)
+    assert [(j.name, j.group) for j in jobs] == [("1", "amp=off lr=2"), ("2", "amp=bf16"),
+                                                 ("10", "amp=off")]  # fmt: skip
+    one = tmp_path / "one"
+    job_folder(one, "0", ["seed=0", "amp=off"], {"val_acc": 0.5})
+    assert [j.group for j in report.collect(one)] == ["all"]
+    assert report.collect(tmp_path / "empty") == []
+
+
+def test_a_paired_comparison_says_how_many_jobs_had_no_partner():
+    a = [(0, 0.5), (1, 0.6), (2, 0.55), (2, 0.9), (None, 0.1)]  # seed 2 twice: no single partner
+    b = [(0, 0.52), (1, 0.63), (3, 0.7)]
+    found = report.compare(a, b)
+    assert found["test"] == "paired: 2 shared seeds (4 unmatched jobs left out)"
+    expected = paired_difference([0.5, 0.6], [0.52, 0.63]).as_dict()
+    assert {k: found[k] for k in expected} == expected and found["paired"] == expected
+    assert found["welch"] == difference_of_means([v for _, v in a], [v for _, v in b]).as_dict()
+    both = report.compare([(0, 0.5), (1, 0.6)], [(1, 0.61), (0, 0.52)])
+    assert both["test"] == "paired: 2 shared seeds"
