@@ -347,3 +347,80 @@ def test_the_weights_hash_reads_every_tensor_the_same_through_one_flat_copy():
     one_by_one, gathered = host_bytes(tensors, gather=False), host_bytes(tensors, gather=True)
     assert [t.tolist() for t in one_by_one] == [t.tolist() for t in gathered]
     assert [len(t) for t in gathered] == [48, 8, 8, 2]
+
+
+# ---- the unit: which weights the test after training uses -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def best_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("best")
+    summary = train_in_process(run_dir, *tiny("trainer.epochs=2"))
+    return run_dir, summary["best_step"]
+
+
+def trainer_with(run_dir, best_step, rank=0):
+    from types import SimpleNamespace
+
+    from repro.runtime.distributed import Context
+
+    model = torch.nn.Linear(1, 1)
+    return SimpleNamespace(
+        model=build_model(), callbacks={"ema": SimpleNamespace(model=model)},
+        outputs=SimpleNamespace(checkpointer=SimpleNamespace(folder=run_dir / "checkpoints")),
+        state=SimpleNamespace(best=SimpleNamespace(step=best_step)),
+        dist=Context(rank=rank, world=2 if rank else 1),
+    )  # fmt: skip
+
+
+def build_model():
+    from repro import build
+
+    return build.model(compose_config(*tiny()), 7)
+
+
+def test_the_test_uses_best_pt_of_this_runs_best_step_as_a_copy(best_run):
+    from repro.runs.final_test import _weights
+
+    run_dir, best_step = best_run
+    trainer = trainer_with(run_dir, best_step)
+    which, model = _weights("best", trainer)
+    saved = checkpoint.load(run_dir / "checkpoints" / "best.pt")["model"]
+    assert which == "best" and model is not trainer.model
+    assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)
+    assert not all(torch.equal(trainer.model.state_dict()[k], saved[k]) for k in saved)
+    assert _weights("last", trainer) == ("last", trainer.model)
+    assert _weights("ema", trainer) == ("ema", trainer.callbacks["ema"].model)
+
+
+@pytest.mark.parametrize("recorded", ["another step", None])
+def test_without_this_runs_best_pt_the_last_weights_are_tested_and_it_says_why(
+    best_run, recorded, caplog
+):
+    from repro.runs.final_test import _weights
+
+    run_dir, best_step = best_run
+    step = best_step + 1 if recorded else None
+    trainer = trainer_with(run_dir, step)
+    assert _weights("best", trainer) == ("last", trainer.model)
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    assert said == (
+        f"no {run_dir / 'checkpoints' / 'best.pt'} of the best step ({step}) in this run folder "
+        "(checkpoints off, or resumed from another folder's checkpoint): testing the last weights"
+    )
+
+
+def test_every_rank_tests_the_weights_rank_0_chose(best_run, monkeypatch):
+    from repro.runs import final_test
+
+    run_dir, best_step = best_run
+    asked = []
+
+    def rank_0s_answer(value, dist):
+        asked.append(value)
+        return True  # rank 0 found this run's best.pt
+
+    monkeypatch.setattr(final_test.distributed, "broadcast", rank_0s_answer)
+    trainer = trainer_with(run_dir, best_step, rank=1)
+    which, model = final_test._weights("best", trainer)
+    assert which == "best" and model is not trainer.model and asked == [False]
