@@ -168,3 +168,29 @@ def test_progress_is_read_from_mutmuts_last_status_line(tmp_path):
     assert mutation.progress(log) == "generating mutants, then running the tests unmutated"
     log.write_text("⠋ 3/34  🎉 2 🫥 0  ⏰ 0  🙁 1\r⠙ 12/34  🎉 10 🫥 0  ⏰ 0  🙁 2\r")
     assert mutation.progress(log) == "12/34 mutants run, 10 killed"
+
+
+def test_each_mutant_gets_its_tests_fastest_first():
+    """pytest stops at the first failure: a unit test that kills a mutant at once runs before
+    a training test that would take a minute to say the same."""
+    from types import SimpleNamespace
+
+    recorded = SimpleNamespace(
+        duration_by_test={"t::slow": 30.0, "t::fast": 0.1, "t::mid": 2.0, "t::tie": 2.0},
+        tests_by_mangled_function_name={},
+    )
+
+    def collect(runner, **settings):  # what mutmut's stats pass leaves behind
+        recorded.tests_by_mangled_function_name.update(
+            f={"t::slow", "t::mid", "t::fast", "t::tie"}, g={"t::slow"}
+        )
+        recorded.settings = (runner, settings)
+
+    mutmut_main = SimpleNamespace(collect_or_load_stats=collect)
+    mutation._fastest_tests_first(mutmut_main, lambda: recorded)
+    mutmut_main.collect_or_load_stats("runner", apply_config_invalidation=True)
+    assert recorded.settings == ("runner", {"apply_config_invalidation": True})
+    assert recorded.tests_by_mangled_function_name == {
+        "f": ["t::fast", "t::mid", "t::tie", "t::slow"],
+        "g": ["t::slow"],
+    }
