@@ -503,3 +503,119 @@ def test_a_missing_component_is_refused_under_its_key():
     with pytest.raises(ConfigError) as caught:
         batch.component("teacher")
     assert caught.value.key == "components.teacher"
+
+
+class _Everything:
+    """A callback with every hook, recording each call under its own name."""
+
+    def __init__(self, name, calls) -> None:
+        self.name, self.calls = name, calls
+
+    def __enter__(self):
+        self.calls.append((self.name, "enter"))
+        return self
+
+    def __exit__(self, kind, error, trace):
+        self.calls.append((self.name, "exit", type(error).__name__ if error else None))
+
+    def at_start(self, loop):
+        self.calls.append((self.name, "at_start", loop))
+
+    def before_step(self, loop):
+        self.calls.append((self.name, "before_step", loop))
+
+    def after_step(self, loop):
+        self.calls.append((self.name, "after_step", loop))
+
+    def extra_metrics(self, loop):
+        self.calls.append((self.name, "extra_metrics", loop))
+        return {f"{self.name}_x": 1.0, "shared": self.name}
+
+    def after_evaluation(self, loop, row, predictions):
+        self.calls.append((self.name, "after_evaluation", loop, row, predictions))
+
+    def at_checkpoint(self, loop):
+        self.calls.append((self.name, "at_checkpoint", loop))
+
+    def at_end(self, loop, summary):
+        self.calls.append((self.name, "at_end", loop, summary))
+
+    def state_dict(self):
+        return {"name": self.name}
+
+    def load_state_dict(self, state):
+        if state == "bad":
+            raise KeyError("missing 'shadow'")
+        self.calls.append((self.name, "loaded", state))
+
+
+def test_every_hook_reaches_components_first_then_callbacks_in_order():
+    calls = []
+    hooks = callbacks.Callbacks(
+        {"b": _Everything("b", calls), "c": _Everything("c", calls)},
+        {"a": _Everything("a", calls)},
+    )
+    with hooks.running("L"):
+        hooks.before_step("L")
+        hooks.after_step("L")
+        assert hooks.extra_metrics("L") == {"a_x": 1.0, "b_x": 1.0, "c_x": 1.0, "shared": "c"}
+        hooks.after_evaluation("L", {"val_acc": 0.5}, "P")
+        hooks.at_checkpoint("L")
+        hooks.at_end("L", {"step": 3})
+    order = [call[:2] for call in calls]
+    for hook in ("enter", "at_start", "before_step", "after_step", "extra_metrics",
+                 "after_evaluation", "at_checkpoint", "at_end"):  # fmt: skip
+        assert [name for name, said in order if said == hook] == ["a", "b", "c"], hook
+    assert [name for name, said in order if said == "exit"] == ["c", "b", "a"]  # stack order
+    assert ("b", "after_evaluation", "L", {"val_acc": 0.5}, "P") in calls
+    assert ("c", "at_end", "L", {"step": 3}) in calls and ("a", "at_start", "L") in calls
+    assert (
+        order.index(("a", "enter")) < order.index(("c", "enter")) < order.index(("a", "at_start"))
+    )
+    calls.clear()
+    with pytest.raises(ValueError), hooks.running("L"):
+        raise ValueError("the loop failed")
+    assert [call for call in calls if call[1] == "exit"] == [("c", "exit", "ValueError"),
+        ("b", "exit", "ValueError"), ("a", "exit", "ValueError")]  # fmt: skip
+    assert hooks.get("a") is hooks.components["a"] and hooks.get("c") is hooks.named["c"]
+    assert hooks.get("z") is None
+    assert callbacks.Callbacks().extra_metrics("L") == {}
+
+
+def test_components_resume_from_their_own_state_or_say_which_is_missing():
+    calls = []
+    hooks = callbacks.Callbacks(components={"ema": _Everything("ema", calls),
+                                            "la": _Everything("la", calls)})  # fmt: skip
+    assert hooks.components_state() == {"ema": {"name": "ema"}, "la": {"name": "la"}}
+    hooks.load_components({"components": {"ema": 1, "la": 2}, "ema": "old"})
+    hooks.load_components({"ema": 3, "la": 4})  # written before components had their entry
+    hooks.load_components({"components": {"ema": 5}, "la": 6})
+    assert [call[2] for call in calls] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(CheckpointError) as refused:
+        hooks.load_components({"components": {"ema": 1}})
+    assert str(refused.value) == "the checkpoint holds no components.la state to resume"
+    with pytest.raises(CheckpointError) as refused:
+        hooks.load_components({"components": {"ema": "bad", "la": 1}})
+    assert str(refused.value) == "components.ema: \"missing 'shadow'\""
+    assert callbacks.Callbacks({"x": object()}).state_dict() == {}
+
+
+def test_a_class_that_fails_to_build_is_one_line_with_its_own_error():
+    nodes = OmegaConf.create({"a": None, "p": {"_target_": "pathlib.Path", "x": 1},
+                              "bad": {"_target_": "json.loads", "s": "{\n\n"}})  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        callbacks.instantiated("callbacks", nodes)
+    message = str(refused.value)
+    assert message.startswith(
+        "callbacks.bad._target_='json.loads' is not allowed: could not build "
+    )
+    assert "\n" not in message and "Expecting property name" in message
+    with pytest.raises(ConfigError) as refused:
+        callbacks.instantiated("components", OmegaConf.create({"n": {"lr": 1}}))
+    assert str(refused.value) == (
+        "components.n={'lr': 1} is not allowed: a class given by _target_ (and its arguments)"
+    )
+    built = callbacks.instantiated(
+        "x", OmegaConf.create({"a": None, "n": {"_target_": "builtins.dict", "k": 2}}), extra=1
+    )
+    assert built == {"n": {"k": 2, "extra": 1}}
