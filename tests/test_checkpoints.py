@@ -424,3 +424,95 @@ def test_every_rank_tests_the_weights_rank_0_chose(best_run, monkeypatch):
     trainer = trainer_with(run_dir, best_step, rank=1)
     which, model = final_test._weights("best", trainer)
     assert which == "best" and model is not trainer.model and asked == [False]
+
+
+# ---- the unit: reading a checkpoint, and the random state in it ----------------------------
+
+
+def test_a_file_that_is_not_a_usable_checkpoint_is_refused_saying_why(best_run, tmp_path):
+    from conftest import save_as_from_a_gpu
+
+    good = checkpoint.load(best_run[0] / "checkpoints" / "last.pt")
+    cases = {}
+
+    def case(name, write, message, damaged=False):
+        path = tmp_path / name
+        write(path)
+        cases[path] = (message.format(path=path), damaged)
+
+    case("short.pt", lambda p: p.write_bytes(b"PK\x03"), "{path}: truncated (3 bytes)", True)
+    case("text.pt", lambda p: p.write_text("weights"),
+         "{path}: not a checkpoint (torch.save writes zip archives)")  # fmt: skip
+    case("code.pt", lambda p: torch.save({"x": Exploit(tmp_path / "pwned")}, p),
+         "{path}: refused, it holds pickled objects other than tensors and plain values "
+         "(loading them could run code)")  # fmt: skip
+    case("cut.pt", lambda p: p.write_bytes((best_run[0] / "checkpoints/last.pt").read_bytes()[:900]),
+         "{path}: unreadable or truncated (RuntimeError)", True)  # fmt: skip
+    case(
+        "list.pt",
+        lambda p: torch.save([1], p),
+        "{path}: not a repro checkpoint (no 'repro-checkpoint' marker)",
+    )
+    case("other.pt", lambda p: torch.save({"format": "lightning"}, p),
+         "{path}: not a repro checkpoint (no 'repro-checkpoint' marker)")  # fmt: skip
+    case("v9.pt", lambda p: torch.save({**good, "version": 9}, p),
+         "{path}: checkpoint format version 9, expected 4")  # fmt: skip
+    case("rot.pt", lambda p: torch.save({**good, "position": {**good["position"], "step": 99}}, p),
+         "{path}: damaged, its content no longer matches the digest written with it (bit rot, "
+         "or a torn copy)", True)  # fmt: skip
+    for path, (message, damaged) in cases.items():
+        with pytest.raises(CheckpointError) as refused:
+            checkpoint.load(path)
+        assert str(refused.value) == message
+        assert isinstance(refused.value, DamagedCheckpointError) is damaged, path.name
+    assert not (tmp_path / "pwned").exists()
+    with pytest.raises(CheckpointError, match="no such checkpoint file"):
+        checkpoint.load(tmp_path / "missing.pt")
+    old = tmp_path / "v3.pt"  # format 3 had no digest: read as it is
+    torch.save({**good, "version": 3, "position": {**good["position"], "step": 99}}, old)
+    assert checkpoint.load(old)["position"]["step"] == 99
+    from_gpu = tmp_path / "from_gpu.pt"
+    save_as_from_a_gpu(good, from_gpu)
+    assert checkpoint.load(from_gpu)["position"] == good["position"]
+
+
+def test_code_in_a_checkpoint_is_refused_even_with_torchs_default_switched_off(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    path = tmp_path / "code.pt"
+    torch.save({"format": checkpoint.FORMAT, "x": Exploit(tmp_path / "pwned")}, path)
+    with pytest.raises(CheckpointError, match="refused"):
+        checkpoint.load(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_random_state_round_trips_and_refuses_another_kind_of_device():
+    saved = checkpoint.capture_rng(torch.device("cpu"))
+    assert saved["device"] is None and saved["numpy"][1].dtype == torch.int64
+    drawn = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.random(), np.random.rand(), torch.rand(3)  # the run draws on
+    checkpoint.restore_rng(saved, torch.device("cpu"))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == drawn
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint.restore_rng(saved, torch.device("cuda"))
+    assert str(refused.value) == (
+        "the checkpoint's random state is for the CPU, this run trains on cuda; resume on the "
+        "kind of device it was trained on"
+    )
+    with pytest.raises(CheckpointError, match="is for a CUDA device, this run trains on cpu"):
+        checkpoint.restore_rng({**saved, "device": torch.zeros(2)}, torch.device("cpu"))
+
+
+def test_a_state_copied_to_the_host_no_longer_changes_with_training():
+    weight = torch.ones(2, requires_grad=True)
+    state = {"model": {"w": weight}, "list": [torch.zeros(1), 3], "pair": (torch.ones(1), "x"),
+             "n": 5}  # fmt: skip
+    host, copied = checkpoint.to_host(state)
+    with torch.no_grad():
+        weight.add_(1)
+        state["list"][0].add_(1)
+    assert copied is None  # nothing came from a GPU: nothing to wait for
+    assert host["model"]["w"].tolist() == [1.0, 1.0] and not host["model"]["w"].requires_grad
+    assert host["list"][0].tolist() == [0.0] and host["list"][1] == 3
+    assert isinstance(host["pair"], tuple) and host["pair"][1] == "x" and host["n"] == 5
