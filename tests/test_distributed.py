@@ -131,10 +131,20 @@ def test_ranks_agree_on_a_stop_signal_every_ten_steps_only(monkeypatch):
 
 def test_a_stop_signal_is_caught_noted_once_and_the_handlers_put_back(caplog):
     """In the block a stop signal asks for a checkpoint instead of ending the process."""
+    assert set(signals.STOP_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
+    outside = []  # the handlers outside the block: a signal there is recorded, not fatal
+    originals = {n: signal.signal(n, lambda n, f: outside.append(n)) for n in signals.STOP_SIGNALS}
+    try:
+        _stop_request_in_the_main_thread(caplog, outside)
+    finally:
+        for signum, handler in originals.items():
+            signal.signal(signum, handler)
+
+
+def _stop_request_in_the_main_thread(caplog, outside):
     import threading
 
     before = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
-    assert set(before) == {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
     alone = SimpleNamespace(enabled=False)  # no torchrun: this process decides alone
     with signals.StopRequest() as stop:
         assert stop.agreed(3, alone) is None
@@ -144,7 +154,9 @@ def test_a_stop_signal_is_caught_noted_once_and_the_handlers_put_back(caplog):
         assert stop.agreed(4, alone) == signal.SIGTERM
     noted = [r.getMessage() for r in caplog.records if r.name == "repro.runs.signals"]
     assert noted == ["got SIGUSR1: saving a checkpoint at the end of this step"]
-    assert {signum: signal.getsignal(signum) for signum in before} == before
+    assert {signum: signal.getsignal(signum) for signum in before} == before and outside == []
+    os.kill(os.getpid(), signal.SIGUSR1)  # after the block: the handler from before again
+    assert outside == [signal.SIGUSR1] and stop.signum == signal.SIGTERM
     installed = []  # off the main thread Python cannot install a handler: none is tried
     worker = threading.Thread(target=lambda: installed.append(signals.StopRequest().__enter__()))
     worker.start()
