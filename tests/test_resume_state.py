@@ -3,13 +3,15 @@ exercises: the global generators (dropout) and the fp16 loss scaler."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from repro.runs import checkpoint
 from repro.runtime import precision
 
-from conftest import tiny, train_in_process
+from conftest import compose_config, tiny, train_in_process
 
 SMALL = [o for o in tiny("trainer.epochs=2", "trainer.checkpoint_every_steps=2")
          if not o.startswith("model.")]  # fmt: skip
@@ -49,3 +51,188 @@ def test_the_loss_scalers_state_survives_a_resume(fp16_on_cpu, tmp_path):
 def test_fp16_on_cpu_is_still_refused_without_the_test_switch():
     with pytest.raises(Exception, match="fp16"):
         precision.Precision("fp16", torch.device("cpu"))
+
+
+# ---- runs/resume.py's units: which checkpoint, and whether the config still matches it -------
+
+
+def test_an_old_records_layout_is_upgraded_to_todays_and_the_record_left_alone():
+    from repro.runs import resume
+
+    old = {"data": {"name": "synthetic", "n": 1},
+           "trainer": {"label_smoothing": 0.1, "ema_decay": 0.99, "lookahead_every": 5,
+                       "lookahead_decay": 0.8, "epochs": 2},
+           "model": {"_target_": "repro.models.resnet9.ResNet9"},
+           "components": {"mine": {"_target_": "x.Y"}}}  # fmt: skip
+    kept = copy.deepcopy(old)
+    assert resume.upgrade(old) == {
+        "data": {"_target_": "repro.data.datasets.synthetic", "n": 1},
+        "trainer": {"epochs": 2},
+        "model": {"_target_": "repro.recipes.resnet9.ResNet9"},
+        "objective": {"_target_": resume.DEFAULT_OBJECTIVE, "label_smoothing": 0.1},
+        "components": {
+            "ema": {"_target_": resume.AVERAGE, "decay": 0.99},
+            "lookahead": {"_target_": resume.LOOKAHEAD, "every": 5, "decay": 0.8,
+                          "ramp": "constant"},
+            "mine": {"_target_": "x.Y"},
+        },
+    }  # fmt: skip
+    assert old == kept
+    assert list(resume.upgrade(old)["components"]) == ["ema", "lookahead", "mine"]
+    today = {"data": {"_target_": "d.b", "name": "n"}, "objective": {"_target_": "o"},
+             "trainer": {"lookahead_every": None, "lookahead_decay": 0.5}, "model": {}}  # fmt: skip
+    assert resume.upgrade(today) == {"data": {"_target_": "d.b", "name": "n"},
+                                     "objective": {"_target_": "o"}, "trainer": {}, "model": {}}  # fmt: skip
+    assert resume.upgrade({"trainer": {}})["objective"]["label_smoothing"] == 0.0
+    not_ours = {"trainer": [1], "data": {"name": "x"}}
+    assert resume.upgrade(not_ours) == not_ours
+
+
+def test_a_config_recorded_before_a_key_existed_gets_its_declared_value():
+    from omegaconf import OmegaConf
+
+    from repro.runs import resume
+
+    key, value = next(iter(resume.DECLARED.items()))
+    section = key.rsplit(".", 1)[0]
+    cfg = OmegaConf.create({})
+    OmegaConf.update(cfg, section, {}, force_add=True)
+    resume.fill_declared(cfg)
+    assert OmegaConf.select(cfg, key) == value
+    OmegaConf.update(cfg, key, "set", force_add=True)
+    resume.fill_declared(cfg)
+    assert OmegaConf.select(cfg, key) == "set"  # a value it has is kept
+    OmegaConf.update(cfg, key, "???", force_add=True)
+    resume.fill_declared(cfg)
+    assert OmegaConf.select(cfg, key) == value  # a missing one (???) is filled
+
+
+def test_the_checkpoint_to_resume_from_and_what_the_attempt_records_of_it(tmp_path):
+    from repro.runs import resume
+    from repro.runs.checkpoint import Checkpointer
+
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *tiny("trainer.epochs=1"))
+    saver = Checkpointer(run_dir / "checkpoints", keep=2)
+    assert resume.find("never", saver) is None
+    found = resume.find("auto", saver)
+    assert found["loaded_from"] == str(run_dir / "checkpoints" / "last.pt")
+    assert found["skipped"] == []
+    assert resume.provenance(found, run_dir) == {"resumed_from": "checkpoints/last.pt",
+                                                 "skipped_checkpoints": []}  # fmt: skip
+    elsewhere = tmp_path / "copy.pt"
+    elsewhere.write_bytes((run_dir / "checkpoints" / "last.pt").read_bytes())
+    given = resume.find(str(elsewhere), saver)
+    assert given["loaded_from"] == str(elsewhere) and given["skipped"] == []
+    assert resume.provenance(given, run_dir)["resumed_from"] == str(elsewhere)
+    assert resume.provenance(None, run_dir) == {"resumed_from": None, "skipped_checkpoints": []}
+    assert resume.find("auto", Checkpointer(tmp_path / "empty", keep=2)) is None
+    (run_dir / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04 torn")
+    for step_file in saver.step_files():
+        step_file.unlink()
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.find("auto", saver)
+    assert str(refused.value).startswith(f"no usable checkpoint in {run_dir / 'checkpoints'} ")
+
+
+def test_a_fixed_seed_must_be_the_checkpoints_and_a_run_cannot_be_shortened():
+    from omegaconf import OmegaConf
+
+    from repro.runs import resume
+
+    state = {"root_seed": 3, "position": {"step": "12"}}
+    resume.check_seed(state, OmegaConf.create({"mode": "fixed", "value": 3}))
+    resume.check_seed(state, OmegaConf.create({"mode": "random", "value": 9}))
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_seed(state, OmegaConf.create({"mode": "fixed", "value": 4}))
+    assert str(refused.value) == (
+        "seed=4 was asked, but this run folder's checkpoint was trained with seed=3: use a new "
+        "run folder for seed 4, or ask for seed=3 to continue this run"
+    )
+    assert resume.check_length(state, 12) == 12 and resume.check_length(state, 20) == 12
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_length(state, 11)
+    assert str(refused.value) == (
+        "this run folder already holds 12 steps, and the config asks for 11 (trainer.epochs, "
+        "trainer.max_steps): a run cannot be shortened; train the shorter run in a new folder"
+    )
+
+
+def test_a_machine_that_resolves_the_config_otherwise_is_refused_naming_each_setting():
+    from omegaconf import OmegaConf
+
+    from repro.runs import resume
+
+    cfg = compose_config(*tiny())
+    state = {"config": OmegaConf.to_container(cfg, resolve=True),
+             "resolved": {"amp": "bf16", "device": "cuda", "memory_format": "x"}}  # fmt: skip
+    resume.check_compatible(state, cfg, {"amp": "bf16", "device": "cuda", "memory_format": "x"})
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_compatible(state, cfg, {"amp": "off", "device": "cpu", "memory_format": "x"})
+    assert str(refused.value) == (
+        "this machine resolves the same config differently from the checkpoint's (amp: 'bf16' -> "
+        "'off'; device: 'cuda' -> 'cpu'); resuming would change precision or device mid-run: "
+        "resume where it was trained, or name the setting (e.g. amp=bf16, trainer.device=cuda) "
+        "in a new run folder"
+    )
+    changed = OmegaConf.to_container(cfg, resolve=True)
+    changed["optimizer"]["lr"] = 9.0
+    changed["trainer"]["epochs"] = 99  # may change: not named
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_compatible({**state, "config": changed}, cfg, state["resolved"])
+    assert str(refused.value) == (
+        f"the config differs from the checkpoint's in 1 key(s) that change results "
+        f"(optimizer.lr: 9.0 -> {cfg.optimizer.lr!r}); use a new run folder, or set them back"
+    )
+    many = copy.deepcopy(changed)
+    many["extra"] = {f"k{i}": i for i in range(10)}
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_compatible({**state, "config": many}, cfg, state["resolved"])
+    assert "in 11 key(s)" in str(refused.value) and str(refused.value).count(" -> ") == 8
+
+
+def test_the_data_must_be_the_one_the_checkpoint_trained_on():
+    from types import SimpleNamespace
+
+    from repro.runs import resume
+
+    class Split(list):
+        def __init__(self, n, digest=None):
+            super().__init__(range(n))
+            if digest:
+                self.digest = lambda: digest
+
+    data = SimpleNamespace(train=Split(5, "t1"), val=Split(2), test=Split(3, "s1"),
+                           classes=["a", "b"])  # fmt: skip
+    assert resume.split_sizes(data) == {"train": 5, "val": 2, "test": 3}
+    assert resume.split_digests(data) == {"train": "t1", "test": "s1"}
+    same = {"classes": ["a", "b"], "split_sizes": {"train": 5, "val": 2},
+            "split_digests": {"train": "t1"}}  # fmt: skip
+    resume.check_same_data(same, data, "/d")
+    resume.check_same_data({}, data, "/d")  # an old checkpoint recorded none of it
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_same_data(
+            {**same, "split_sizes": {"train": 6, "val": 3, "test": 3}}, data, "/d"
+        )
+    assert str(refused.value) == (
+        "data.root=/d: the data's splits changed since this run folder's checkpoint (train 6 -> "
+        "5, val 3 -> 2 images); resuming would not continue the same run: put the data back as "
+        "it was, or train the new data in a new run folder"
+    )
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_same_data({**same, "split_digests": {"train": "t0", "test": "s0"}}, data, "/d")
+    assert str(refused.value) == (
+        "data.root=/d: the data's train, test changed since this run folder's checkpoint (its "
+        "manifest is another); resuming would not continue the same run: put the data back as "
+        "it was, or train the new data in a new run folder"
+    )
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume.check_same_data({**same, "classes": ["b", "a"]}, data, "/d")
+    assert str(refused.value) == (
+        "data.root=/d: the data has the classes [a, b], but the checkpoint was trained on [b, a]; "
+        "resuming would train another problem: point data.root at the data it was trained on, "
+        "or put that data back as it was"
+    )
+    many = [f"c{i}" for i in range(8)]
+    assert resume._listed(many) == "[c0, c1, c2, c3, c4, c5, ... (8 in all)]"
+    assert resume._listed(many[:6]) == "[c0, c1, c2, c3, c4, c5]"
