@@ -5,11 +5,14 @@ from __future__ import annotations
 import csv
 import errno
 import os
+from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from repro import evaluate
-from repro.errors import ConfigError, DataError
+from repro.errors import CheckpointError, ConfigError, DataError
 from repro.predict import predict_files
 from repro.runs.restore import checkpoint_file, output_file, write_result
 
@@ -158,3 +161,116 @@ def test_a_run_folder_gives_the_weights_its_test_used(tested, tmp_path):
             tmp_path / "checkpoints" / "last.pt", split="test"
         )
         assert trained_weights["loss"] != again["loss"]
+
+
+# ---- runs/restore.py's units: which file and weights, the arguments, the stored config ------
+
+
+def fake_run_folder(folder, summary=None, files=("best.pt", "last.pt")):
+    (folder / "checkpoints").mkdir(parents=True)
+    for name in files:
+        (folder / "checkpoints" / name).write_bytes(b"")
+    if summary is not None:
+        (folder / "summary.json").write_text(summary)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("summary", "files", "chosen"),
+    [('{"test_weights": "best"}', ("best.pt", "last.pt"), ("best.pt", "model")),
+     ('{"test_weights": "best"}', ("last.pt",), ("last.pt", "model")),
+     ('{"test_weights": "last"}', ("best.pt", "last.pt"), ("last.pt", "model")),
+     ('{"test_weights": "ema"}', ("best.pt", "last.pt"), ("last.pt", "ema")),
+     ('{"test_weights": "other"}', ("best.pt", "last.pt"), ("best.pt", "model")),
+     ("[1]", ("best.pt", "last.pt"), ("best.pt", "model")),
+     ("{", ("last.pt",), ("last.pt", "model")),
+     (None, ("best.pt", "last.pt"), ("best.pt", "model"))],
+)  # fmt: skip
+def test_a_run_folders_file_and_weights_follow_its_summary(tmp_path, summary, files, chosen):
+    from repro.runs.restore import checkpoint_file
+
+    run_dir = fake_run_folder(tmp_path / "run", summary, files)
+    name, weights = chosen
+    assert checkpoint_file(run_dir) == (run_dir / "checkpoints" / name, weights)
+    assert checkpoint_file(run_dir / "checkpoints") == (run_dir / "checkpoints" / name, weights)
+    assert checkpoint_file(run_dir / "x.pt") == (run_dir / "x.pt", "model")
+
+
+def test_a_folder_without_checkpoints_is_one_line_naming_what_it_lacks(tmp_path):
+    from repro.runs.restore import checkpoint_file
+
+    run_dir = fake_run_folder(tmp_path / "run", '{"test_weights": "last"}', ("best.pt",))
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint_file(run_dir)
+    assert str(refused.value) == f"{run_dir}: a folder with no checkpoints/best.pt or last.pt in it"
+
+
+def test_the_weights_a_run_tested_are_taken_from_where_its_checkpoint_keeps_them():
+    from repro.runs.restore import _weights
+
+    state = {"model": {"w": 1}, "components": {"ema": {"w": 2}}, "ema": {"w": 3}}
+    assert _weights(state, "model", Path("c.pt")) == {"w": 1}
+    assert _weights(state, "ema", Path("c.pt")) == {"w": 2}
+    assert _weights({"ema": {"w": 3}, "components": None}, "ema", Path("c.pt")) == {"w": 3}
+    with pytest.raises(CheckpointError) as refused:
+        _weights({"components": {"ema": [1]}}, "ema", Path("runs/c.pt"))
+    assert str(refused.value) == "runs/c.pt: its run tested a weight average the file does not hold"
+
+
+def test_a_stored_config_builds_no_pretrained_weights_at_any_depth():
+    from repro.runs.restore import without_pretrained_weights
+
+    stored = {"model": {"_target_": "timm.create_model", "pretrained": True, "weights": "x",
+                        "backbone": {"_target_": "tv.resnet", "weights_backbone": "y", "n": 2},
+                        "heads": [{"_target_": "h", "pretrained": True}, 3]},
+              "data": {"weights": "kept: no _target_", "pretrained": True}}  # fmt: skip
+    assert without_pretrained_weights(stored) == {
+        "model": {"_target_": "timm.create_model", "pretrained": False, "weights": None,
+                  "backbone": {"_target_": "tv.resnet", "weights_backbone": None, "n": 2},
+                  "heads": [{"_target_": "h", "pretrained": False}, 3]},
+        "data": {"weights": "kept: no _target_", "pretrained": True},
+    }  # fmt: skip
+
+
+def test_a_checkpoint_commands_arguments_are_refused_naming_the_allowed_keys():
+    from repro.runs.restore import arguments, classes_of
+
+    args = arguments(["ckpt=a.pt", "out=x.csv", "top_k=2"], {"top_k"})
+    assert (args.ckpt, args.out, args.top_k) == ("a.pt", "x.csv", 2)
+    for argv, message in [
+        (["ckpt=a.pt", "device=cuda"], "argument='device' is not allowed: use ckpt, out, "
+         "overwrite, top_k, trust as key=value"),
+        ([], "argument='(none)' is not allowed: use ckpt, out, overwrite, top_k, trust as "
+         "key=value"),
+        (["out=x.csv"], "ckpt=None is not allowed: a checkpoint or a run folder, e.g. "
+         "ckpt=outputs/runs/<run> or .../last.pt"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            arguments(argv, {"top_k"})
+        assert str(refused.value) == message
+    cfg = OmegaConf.create({"data": {"num_classes": "7"}})
+    assert classes_of({"classes": ["a", "b"]}, cfg) == 2 and classes_of({}, cfg) == 7
+
+
+def test_restore_refuses_an_unknown_tta_and_runs_fp16_weights_in_full_precision_here(
+    trained, tmp_path
+):
+    from repro.runs import integrity
+    from repro.runs.restore import restore
+
+    ckpt, _ = trained
+    with pytest.raises(ConfigError) as refused:
+        restore(ckpt, "cpu", tta="mirror")
+    assert (
+        str(refused.value)
+        == "tta='mirror' is not allowed: choose one of none, flip, flip_translate"
+    )
+    state = torch.load(ckpt, weights_only=True)
+    state["config"]["amp"]["mode"] = "fp16"  # trained on a GPU with fp16
+    fp16 = tmp_path / "fp16.pt"
+    torch.save(integrity.sealed(state), fp16)
+    run = restore(fp16, "cpu", tta="none", trust=True)
+    assert run.precision.mode == "off" and run.tta == "none" and run.checkpoint == fp16
+    assert restore(ckpt, "cpu").tta == "flip"  # the run's own trainer.tta
+    moved = restore(ckpt, "cpu", data_root=str(tmp_path))
+    assert moved.cfg.data.root == str(tmp_path) and not moved.model.training
