@@ -203,3 +203,78 @@ def test_a_jobs_state_is_complete_only_when_its_summary_says_completed(case, tmp
     summary, results, error, expected = JOB_STATES[case]
     assert resume.job_state(_job_folder(tmp_path, summary, results, error)) == expected
     assert resume.job_state(None) == "never started"
+
+
+# ---- the unit: the relaunch's command line, environment and exit status --------------------
+
+
+@pytest.mark.parametrize(("mode", "code", "returned"), [("MULTIRUN", 0, 0), ("RUN", -9, 137),
+                                                        ("RUN", 3, 3)])  # fmt: skip
+def test_the_relaunch_runs_repro_train_with_the_checked_arguments_in_this_folder(
+    tmp_path, monkeypatch, capsys, mode, code, returned
+):
+    from types import SimpleNamespace
+
+    from repro.resume.overrides import Relaunch
+
+    ran = []
+
+    def run(command, env, check):
+        ran.append((command, env, check))
+        return SimpleNamespace(returncode=code)
+
+    monkeypatch.setattr(resume.subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    recorded = {"mode": mode, "runtime": {"cwd": "/where/it/ran"}}
+    relaunch = Relaunch("train", ["hydra/launcher=joblib"], ["seed=1", "amp=off"], "7")
+    assert resume._relaunch(recorded, "hydra.sweep.dir=/s", relaunch) == returned
+    ((command, env, check),) = ran
+    multirun = ["--multirun"] if mode == "MULTIRUN" else []
+    arguments = [*multirun, "--config-name=train", "hydra/launcher=joblib", "seed=1", "amp=off",
+                 "hydra.sweep.dir=/s"]  # fmt: skip
+    assert command == [sys.executable, "-m", "repro.train", *arguments] and check is False
+    assert env["PYTHONSAFEPATH"] == "1" and env["PYTHONHASHSEED"] == "7"
+    assert capsys.readouterr().out == (
+        f"note: it was started in '/where/it/ran'; relative paths now resolve from here, "
+        f"{tmp_path}\nrunning: python -m repro.train {' '.join(arguments)}\n"
+    )
+    ran.clear()
+    here = {"mode": mode, "runtime": {"cwd": str(tmp_path)}}
+    resume._relaunch(here, "hydra.run.dir=/r", relaunch._replace(hash_seed=None))
+    assert "PYTHONHASHSEED" not in ran[0][1]
+    assert capsys.readouterr().out.startswith("running: ")  # started here: no note
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [([], "PATH=None is not allowed: usage: python -m repro.resume PATH [force=true] [trust=true]"),
+     (["force=true"], "PATH=None is not allowed: usage: python -m repro.resume PATH "
+      "[force=true] [trust=true]"),
+     (["{d}", "force"], "force='' is not allowed: python -m repro.resume PATH [force=true] "
+      "[trust=true]"),
+     (["{d}", "overwrite=true"], "overwrite='true' is not allowed: python -m repro.resume PATH "
+      "[force=true] [trust=true]"),
+     (["{d}", "trust=1"], "trust='1' is not allowed: python -m repro.resume PATH [force=true] "
+      "[trust=true]"),
+     (["{d}"], "{d}: neither a sweep folder (no multirun.yaml) nor a run folder (no "
+      ".hydra/hydra.yaml)")],
+)  # fmt: skip
+def test_the_commands_mistakes_are_one_line_word_for_word(tmp_path, capsys, argv, message):
+    assert resume_in_process(*(a.format(d=tmp_path) for a in argv)) == 2
+    assert capsys.readouterr().err == f"error: {message.format(d=tmp_path)}\n"
+
+
+def test_a_damaged_record_is_one_line_naming_the_folder(tmp_path, capsys):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "hydra.yaml").write_text("hydra: [1]\n")  # a list, not a mapping
+    assert resume_in_process(str(tmp_path), "force=false", "trust=false") == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path}: its records are damaged or not repro's (list indices must be "
+        "integers or slices, not str)\n"
+    )
+    (tmp_path / ".hydra" / "hydra.yaml").write_text("hydra: {mode: RUN}\n")
+    assert resume_in_process(str(tmp_path)) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path}: its records are damaged or not repro's ('overrides')\n"
+    )
