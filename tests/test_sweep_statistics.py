@@ -647,3 +647,149 @@ def test_a_paired_comparison_says_how_many_jobs_had_no_partner():
     assert found["welch"] == difference_of_means([v for _, v in a], [v for _, v in b]).as_dict()
     both = report.compare([(0, 0.5), (1, 0.6)], [(1, 0.61), (0, 0.52)])
     assert both["test"] == "paired: 2 shared seeds"
+
+
+# ---- the adaptive sweeper's own run, with a launcher that writes the jobs' records ----------
+
+
+class RecordingLauncher:
+    """Writes each launched job's folder as a finished job whose val_acc comes from `values`
+    (config -> seed -> value); a value of None leaves the job failed."""
+
+    def __init__(self, sweep_dir, values):
+        self.sweep_dir, self.values, self.batches = sweep_dir, values, []
+
+    def launch(self, batch, initial_job_idx):
+        self.batches.append((initial_job_idx, [list(o) for o in batch]))
+        for offset, overrides in enumerate(batch):
+            config, seed = overrides[-2], int(overrides[-1].split("=")[1])
+            value = self.values[config][seed]
+            summary = {"val_acc": value} if value is not None else None
+            fake_job(self.sweep_dir, initial_job_idx + offset, list(overrides), seed,
+                     **(summary or {}))  # fmt: skip
+            if value is None:
+                (self.sweep_dir / str(initial_job_idx + offset) / "error.txt").write_text("boom\n")
+
+
+def launched_sweeper(sweep_dir, values, budget=4, target_width=None):
+    sweeper = AdaptiveSeeds("val_acc", round=2, budget=budget, target_width=target_width,
+                            confidence=0.95)  # fmt: skip
+    sweeper.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    sweeper.sweep_dir, sweeper.launcher = sweep_dir, RecordingLauncher(sweep_dir, values)
+    sweeper.shared, sweeper.configs = ["trainer.epochs=3"], ["amp=off", "amp=bf16"]
+    sweeper.validate_batch_is_legal = lambda batch: None  # Hydra's check needs its loader
+    return sweeper
+
+
+def test_the_sweeper_launches_rounds_of_seeds_until_the_answer_is_clear(tmp_path):
+    values = {"amp=off": A, "amp=bf16": B}
+    sweeper = launched_sweeper(tmp_path, values, budget=6)
+    decision = sweeper._run()
+    jobs = [
+        ["trainer.epochs=3", config, f"seed.value={seed}"]
+        for seed in range(4) for config in ("amp=off", "amp=bf16")
+    ]  # fmt: skip
+    assert sweeper.launcher.batches == [(0, jobs[:4]), (4, jobs[4:8])]  # two rounds of two seeds
+    assert decision["resolved"] and decision["seeds"] == 4 and len(decision["looks"]) == 2
+    assert decision["why"].startswith("resolved after 4 seeds: the ")
+    assert {k: decision[k] for k in ("a", "b", "metric", "round", "budget")} == {
+        "a": "amp=off", "b": "amp=bf16", "metric": "val_acc", "round": 2, "budget": 6,
+    }  # fmt: skip
+    assert decision["look_confidence"] == sweeper.rule.look_confidence
+    assert json.loads((tmp_path / "adaptive_seeds.json").read_text()) == decision
+    assert (tmp_path / "multirun.yaml").read_text() == OmegaConf.to_yaml(sweeper.config)
+    again = launched_sweeper(tmp_path, values, budget=6)
+    assert again._run() == decision and again.launcher.batches == []  # read back, none run
+
+
+def test_a_job_missing_from_a_batch_is_launched_alone_and_a_failed_one_stops_the_sweep(tmp_path):
+    values = {"amp=off": [0.5, None], "amp=bf16": [0.6, 0.7]}
+    fake_job(tmp_path, 1, ["trainer.epochs=3", "amp=bf16", "seed.value=0"], 0, val_acc=0.6)
+    sweeper = launched_sweeper(tmp_path, values)
+    decision = sweeper._run()
+    assert [(first, len(batch)) for first, batch in sweeper.launcher.batches] == [(0, 1), (2, 2)]
+    assert not decision["resolved"] and decision["seeds"] == 0 and decision["looks"] == []
+    assert decision["why"] == (
+        "stopped at 2 seeds: job 2 (trainer.epochs=3 amp=off seed.value=1) did not finish (see "
+        f"its folder); fix it and run the same command with hydra.sweep.dir={tmp_path} to continue"
+    )
+
+
+def test_a_spent_budget_says_why_nothing_was_resolved(tmp_path):
+    same = {"amp=off": [0.5, 0.6, 0.7, 0.8], "amp=bf16": [0.5, 0.6, 0.7, 0.8]}
+    decision = launched_sweeper(tmp_path / "same", same)._run()
+    assert decision["why"] == (
+        "not resolved: the budget of 4 seeds per config is spent and every seed gave the same "
+        "difference (0), so no interval can be formed (the two configs may train the same "
+        "weights); raise hydra.sweeper.budget and run the same command with "
+        f"hydra.sweep.dir={tmp_path / 'same'} to go on"
+    )
+    noisy = {"amp=off": [0.5, 0.6, 0.7, 0.8], "amp=bf16": [0.51, 0.58, 0.72, 0.79]}
+    decision = launched_sweeper(tmp_path / "noisy", noisy)._run()
+    last = decision["looks"][-1]
+    assert decision["why"].startswith(
+        "not resolved: the budget of 4 seeds per config is spent and the interval "
+        f"[{last['ci_low']:.4g}, {last['ci_high']:.4g}] still holds 0; raise "
+    )
+    assert decision["seeds"] == 4 and not decision["resolved"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [(["lr=0.1,0.2", "seed=3"], "seed='3' is not allowed: the adaptive sweeper runs seeds 0, 1, "
+      "2, ... itself: leave it out"),
+     (["lr=0.1,0.2", "+seed.value=3"], "+seed.value='3' is not allowed: the adaptive sweeper "
+      "runs seeds 0, 1, 2, ... itself: leave it out"),
+     (["lr=interval(0,1)"], "lr='interval(0,1)' is not allowed: two values to compare: a,b"),
+     (["lr=0.1,0.2,0.3"], "hydra/sweeper=adaptive_seeds compares two configs: give one key two "
+      "values (e.g. optimizer.lr=0.2,0.1); these arguments sweep 1 keys: lr=0.1,0.2,0.3"),
+     (["lr=0.1", "wd=1,2", "amp=a,b"], "hydra/sweeper=adaptive_seeds compares two configs: give "
+      "one key two values (e.g. optimizer.lr=0.2,0.1); these arguments sweep 2 keys: lr=0.1 "
+      "wd=1,2 amp=a,b")],
+)  # fmt: skip
+def test_the_two_configs_come_from_one_key_with_two_values(arguments, message):
+    from types import SimpleNamespace
+
+    sweeper = AdaptiveSeeds("val_acc", round=2, budget=4, target_width=None, confidence=0.95)
+    sweeper.hydra_context = SimpleNamespace(config_loader=None)
+    with pytest.raises(UserError) as refused:
+        sweeper._two_configs(arguments)
+    assert str(refused.value) == message
+    shared, configs = sweeper._two_configs(["trainer.epochs=3", "lr=0.2,0.1", "~x"])
+    # `~x=null` deletes x whatever its value, as `~x` does (Hydra parses both to no value).
+    assert (shared, configs) == (["trainer.epochs=3", "~x=null"], ["lr=0.2", "lr=0.1"])
+
+
+def test_a_sweep_with_another_subdir_or_rule_is_one_line(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    sweeper = AdaptiveSeeds("val_acc", round=0, budget=4, target_width=None, confidence=0.95)
+    sweeper.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path), "subdir": "x"}}})
+    sweeper.hydra_context, sweeper.sweep_dir = SimpleNamespace(config_loader=None), tmp_path
+    with pytest.raises(SystemExit):
+        sweeper.sweep(["lr=0.1,0.2"])
+    assert (
+        capsys.readouterr().err == "error: hydra.sweeper.round=0 is not allowed: an integer >= 1\n"
+    )
+    sweeper.rule = Rule("val_acc", 2, 4, None, 0.95)
+    with pytest.raises(SystemExit):
+        sweeper.sweep(["lr=0.1,0.2"])
+    assert capsys.readouterr().err == (
+        "error: hydra.sweep.subdir='x' is not allowed: ${hydra.job.num}, the default\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [(Rule("m", True, 4, None, 0.9), "hydra.sweeper.round=True is not allowed: an integer >= 1"),
+     (Rule("m", 2, 1.5, None, 0.9), "hydra.sweeper.budget=1.5 is not allowed: an integer >= 2 (seeds)"),
+     (Rule("m", 2, 4, 0, 0.9), "hydra.sweeper.target_width=0 is not allowed: null or > 0"),
+     (Rule("m", 2, 4, None, 1.0), "hydra.sweeper.confidence=1.0 is not allowed: between 0 and 1"),
+     (Rule("m", 2, 4, None, 0), "hydra.sweeper.confidence=0 is not allowed: between 0 and 1")],
+)  # fmt: skip
+def test_each_setting_of_the_rule_is_refused_naming_what_is_allowed(rule, message):
+    with pytest.raises(ConfigError) as refused:
+        rule.check()
+    assert str(refused.value) == message
+    Rule("m", 1, 2, 0.5, 0.5).check()  # the least allowed of each
