@@ -3,6 +3,7 @@ targets this checkout trusts, unless the user says trust=true."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from repro.errors import CheckpointError
+from repro.errors import CheckpointError, UserError
 from repro.evaluate import evaluate_checkpoint
 from repro.predict import predict_files
 from repro.runs import checkpoint, trust
@@ -197,3 +198,100 @@ def test_an_interpolation_anywhere_in_a_string_is_refused(value):
 def test_a_string_without_an_interpolation_passes(value):
     assert not trust.interpolates(value)
     trust.check({"trainer": {"tta": value}}, "crafted.pt")  # no refusal
+
+
+# ---- the unit: the check, word for word, and where each kind of target is trusted ----------
+
+
+def test_a_refused_target_or_interpolation_is_one_line_naming_the_key_and_the_way_out():
+    bad = {"model": {"_target_": "os.system"}}
+    with pytest.raises(UntrustedConfigError) as refused:
+        trust.check(bad, "runs/a/last.pt")
+    assert str(refused.value) == (
+        "runs/a/last.pt: model._target_='os.system' is not a target this checkout trusts there "
+        "(no YAML of conf/ names it, and it is no model of this project or torchvision under "
+        "model, torchvision transform under augment, torch optimizer or scheduler under "
+        f"optimizer or scheduler); building it could run any code: {trust.HOW_TO_TRUST}"
+    )
+    with pytest.raises(UntrustedConfigError) as refused:
+        trust.check({"augment": {"transforms": [{"_target_": 3}]}}, "f")
+    assert "f: augment.transforms[0]._target_=3 is not a target" in str(refused.value)
+    with pytest.raises(UntrustedConfigError) as refused:
+        trust.check({"data": {"root": "a${oc.env:HOME}"}}, "f")
+    assert str(refused.value) == (
+        "f: data.root='a${oc.env:HOME}' is an interpolation, which a recorded config never holds "
+        f"and whose resolver would run: {trust.HOW_TO_TRUST}"
+    )
+    trust.check(bad, "f", trust=True)  # trusted by the user: not looked at
+    for flag in ("yes", 1, None):
+        with pytest.raises(UserError) as refused:
+            trust.check({}, "f", trust=flag)
+        assert str(refused.value) == f"trust={flag!r} is not allowed: true or false"
+
+
+def test_a_stored_config_as_data_acts_on_nothing_beyond_the_tools_output():
+    stored = {"data": {"root": "d", "download": True}, "preset": "fast",
+              "logger": {"mlflow": {"uri": "http://x"}, "wandb": {"project": "p"}, "plot": True},
+              "callbacks": {"x": {"_target_": "os.system"}}}  # fmt: skip
+    kept = copy.deepcopy(stored)
+    assert trust.as_data(stored, "f") == {
+        "data": {"root": "d", "download": False}, "preset": "fast",
+        "logger": {"mlflow": None, "wandb": None, "plot": True},
+    }  # fmt: skip
+    assert stored == kept
+    with pytest.raises(UntrustedConfigError) as refused:
+        trust.as_data([1], "f")
+    assert str(refused.value) == "f: holds no config (a mapping of keys to values)"
+    with pytest.raises(UntrustedConfigError) as refused:
+        trust.as_data({"data": 3, "seed": [1], "preset": "x"}, "f")
+    assert str(refused.value) == (
+        "f: not a config of this template (data, seed: not a mapping of settings)"
+    )
+    assert trust.as_data({"data": {}, "logger": {}}, "f") == {
+        "data": {"download": False}, "logger": {"mlflow": None, "wandb": None},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("target", "place", "trusted"),
+    [("repro.models.small_cnn.SmallCNN", "model", True),
+     ("repro.models.small_cnn.SmallCNN", None, True),
+     ("repro.models.small_cnn.SmallCNN", "augment", False),
+     ("repro.models.small_cnn.torch", "model", False),  # a name the module imports
+     ("repro.models.nothing_here.Net", "model", False),
+     ("repro.models.small_cnn.SmallCNN.forward", "model", False),
+     ("torchvision.models.resnet18", "model", True),
+     ("torchvision.models.resnet18", "augment", False),
+     ("torchvision.models.resnet_eighteen", "model", False),
+     ("torchvision.transforms.RandomCrop", "augment", True),
+     ("torchvision.transforms.v2.RandomCrop", None, True),
+     ("torchvision.transforms.RandomCrop", "model", False),
+     ("torchvision.transforms.functional", "augment", False),  # a module, not a class
+     ("torch.optim.SGD", "optimizer", True), ("torch.optim.SGD", None, True),
+     ("torch.optim.SGD", "scheduler", False), ("torch.optim.lr_scheduler", "optimizer", False),
+     ("torch.optim.lr_scheduler.StepLR", "scheduler", True),
+     ("torch.optim.lr_scheduler.StepLR", "optimizer", False),
+     ("torch.optim.lr_scheduler.math", "scheduler", False),
+     ("os.system", None, False), ("system", None, False), ("os.1x", None, False)],
+)  # fmt: skip
+def test_each_kind_of_target_is_trusted_only_where_the_template_builds_that_kind(
+    target, place, trusted
+):
+    assert trust.trusted(target, place) is trusted
+
+
+def test_the_leaves_of_a_config_are_named_by_their_dotted_keys():
+    nested = {"a": {"b": [1, {"c": 2}], "d": (3,)}, "e": 4, 5: {"f": 6}}
+    assert list(trust._leaves(nested)) == [
+        ("a.b[0]", 1), ("a.b[1].c", 2), ("a.d[0]", 3), ("e", 4), ("5.f", 6),
+    ]  # fmt: skip
+    assert list(trust._leaves(7)) == [("", 7)]
+    assert trust._section("augment.transforms[0]._target_") == "augment"
+    assert trust._section("model[1]") == "model" and trust._section("seed") == "seed"
+
+
+def test_conf_targets_are_trusted_in_their_groups_section():
+    found = trust.conf_targets()
+    small_cnn = compose_config(*tiny()).model._target_
+    assert found[small_cnn] == frozenset({"model"})
+    assert all(isinstance(places, frozenset) for places in found.values())
