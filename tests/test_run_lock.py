@@ -144,3 +144,110 @@ def test_nfs_mounts_whose_locks_stay_on_one_host_are_found():
     assert run_lock.host_only_locks(Path("/cluster/scratch/run"), MOUNTS) == "nolock"
     assert run_lock.host_only_locks(Path("/cluster/home/run"), MOUNTS) is None  # lockd: seen
     assert run_lock.host_only_locks(Path("/work/run"), MOUNTS) is None  # not NFS
+
+
+# ---- the unit: who holds a folder, and what a claim does where locks are missing -----------
+
+HOLDER = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "os.write(fd, sys.argv[2].encode())\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def held_by_another_process(run_dir: Path, text: str) -> subprocess.Popen:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    owner = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir / run_lock.LOCK_FILE), text],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert owner.stdout.readline().strip() == "locked"
+    return owner
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [('{"pid": 7, "host": "node3", "since": "2026-11-26T09:00:00+0000"}',
+      "pid 7 on node3, since 2026-11-26T09:00:00+0000"),
+     ('{"pid": 7', "pid not yet recorded"), ('{"pid": 7}', "pid not yet recorded"),
+     ("[1]", "pid not yet recorded"), ("", "pid not yet recorded")],
+)  # fmt: skip
+def test_a_folder_another_process_holds_is_refused_naming_the_owner(tmp_path, text, said):
+    from repro.runtime.distributed import Context
+
+    run_dir = tmp_path / "run"
+    owner = held_by_another_process(run_dir, text)
+    try:
+        assert run_lock.try_claim(run_dir) == said
+        with (
+            pytest.raises(run_lock.RunFolderInUseError) as refused,
+            run_lock.owned(run_dir, Context()),
+        ):
+            pytest.fail("the block ran in a folder another process owns")
+    finally:
+        owner.kill()
+        owner.wait()
+    assert str(refused.value) == (
+        f"{run_dir} is in use by a live run ({said}); a second process there would overwrite "
+        "its checkpoints and logs: wait for it to end or stop it, then run the same command to "
+        "resume, or choose another folder (hydra.run.dir=...)"
+    )
+    with run_lock.owned(run_dir, Context()):  # the owner is gone: ours now, then let go
+        assert f'"pid": {os.getpid()}' in (run_dir / run_lock.LOCK_FILE).read_text()
+    assert not (run_dir / run_lock.LOCK_FILE).exists()
+
+
+def test_a_file_system_that_cannot_lock_lets_the_run_go_on_with_a_warning(
+    tmp_path, monkeypatch, caplog
+):
+    import errno
+
+    def refuse(fd, operation, code=errno.ENOLCK):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(run_lock.fcntl, "flock", refuse)
+    assert run_lock.try_claim(tmp_path) is None
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.run_lock"]
+    assert said == (
+        f"{tmp_path}: this file system cannot lock files ({os.strerror(errno.ENOLCK)}); a second "
+        "launch into this folder would not be refused"
+    )
+    assert tmp_path.absolute() not in run_lock._held
+    monkeypatch.setattr(run_lock.fcntl, "flock", lambda fd, op: refuse(fd, op, errno.EIO))
+    with pytest.raises(OSError, match="Input/output error"):
+        run_lock.try_claim(tmp_path)
+
+
+def test_a_claim_on_nfs_without_shared_locks_warns_that_other_nodes_are_not_refused(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(run_lock, "host_only_locks", lambda folder: "local_lock=all")
+    try:
+        assert run_lock.try_claim(tmp_path) is None
+    finally:
+        run_lock.release(tmp_path)
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.run_lock"]
+    assert said == (
+        f"{tmp_path} is on NFS mounted with local_lock=all: its lock is seen on this host only, "
+        "so a launch into it from another node would not be refused"
+    )
+
+
+def test_only_rank_0_claims_and_every_rank_hears_its_answer(tmp_path, monkeypatch):
+    from repro.runtime.distributed import Context
+
+    told = []
+
+    def broadcast(value, dist):
+        told.append(value)
+        return "pid 9 on rank0host, since then" if len(told) == 2 else value
+
+    monkeypatch.setattr(run_lock.distributed, "broadcast", broadcast)
+    in_use = r"\(pid 9 on rank0host, since then\)"
+    with (
+        pytest.raises(run_lock.RunFolderInUseError, match=in_use),
+        run_lock.owned(tmp_path / "run", Context(rank=1, world=2)),
+    ):
+        pass
+    assert told == [None, None] and not (tmp_path / "run").exists()  # rank 1 made nothing
