@@ -119,3 +119,81 @@ def test_dropout_and_batchnorm_run_per_micro_batch_in_one_process(tmp_path):
     plain = train_in_process(tmp_path / "c", *INVARIANT, "trainer.max_steps=3",
                              "trainer.world_invariant=false")  # fmt: skip
     assert once["weights_sha256"] == again["weights_sha256"] != plain["weights_sha256"]
+
+
+# ---- the unit: one step's gradient, terms and BatchNorm statistics, against their definition --
+
+
+def test_running_statistics_follow_batchnorms_own_update_one_micro_batch_at_a_time():
+    from repro.engine.invariant import BatchNormStatistics
+
+    torch.manual_seed(0)
+    for momentum in (0.1, None):  # None: BatchNorm's cumulative average
+        ours = torch.nn.Sequential(torch.nn.BatchNorm2d(3, momentum=momentum),
+                                   torch.nn.BatchNorm1d(4, momentum=momentum))  # fmt: skip
+        ours[1].eval()  # a layer in eval mode keeps its statistics
+        reference = torch.nn.BatchNorm2d(3, momentum=momentum)
+        norms = BatchNormStatistics(ours)
+        batches = [torch.randn(5, 3, 4, 4) * 3 + 1 for _ in range(3)]
+        for x in batches:
+            with norms:
+                ours[0](x)
+                ours[1](torch.randn(6, 4))
+            assert ours[0].track_running_stats and ours[0].running_mean.abs().sum() == 0
+            reference(x)
+        assert len(norms.pending) == 3 and norms.pending[0].shape == (2 * 3 + 2 * 4,)
+        norms.apply(torch.stack(norms.pending))
+        assert torch.allclose(ours[0].running_mean, reference.running_mean, atol=1e-6)
+        assert torch.allclose(ours[0].running_var, reference.running_var, atol=1e-5)
+        assert ours[0].num_batches_tracked.item() == 3
+        assert ours[1].num_batches_tracked.item() == 0
+        assert ours[1].running_mean.abs().sum() == 0 and torch.equal(
+            ours[1].running_var, torch.ones(4)
+        )
+
+
+def test_a_step_uses_the_mean_gradient_and_terms_of_its_micro_batches():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    twin = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    twin.load_state_dict(model.state_dict())
+    images, labels = torch.randn(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    # The definition: the mean over micro-batches of 2 of each one's mean loss and gradient.
+    losses, gradients = [], []
+    for x, y in zip(images.split(2), labels.split(2), strict=True):
+        twin.zero_grad()
+        loss = torch.nn.functional.cross_entropy(twin(x), y)
+        loss.backward()
+        losses.append(loss.detach())
+        gradients.append([p.grad.clone() for p in twin.parameters()])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    step = InvariantStep(
+        model, optimizer, scheduler, Precision("off", torch.device("cpu")),
+        MemoryFormat("contiguous"), LoopSettings(), CrossEntropy(), micro_batch=2, root_seed=0,
+        dist=Context(),
+    )  # fmt: skip
+    before = [p.detach().clone() for p in model.parameters()]
+    terms = step(images, labels, epoch=0, batch=0)
+    assert list(terms) == ["loss"]
+    assert torch.allclose(terms["loss"], torch.stack(losses).mean(), atol=1e-6)
+    for index, (parameter, old) in enumerate(zip(model.parameters(), before, strict=True)):
+        mean = sum(g[index] for g in gradients) / 3
+        assert torch.allclose(parameter.grad, mean, atol=1e-6)
+        assert torch.allclose(parameter.detach(), old - mean, atol=1e-6)  # lr 1
+    assert scheduler.get_last_lr() == [0.5]  # the schedule stepped once
+
+
+def test_a_clipped_step_clips_the_mean_gradient():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    step = InvariantStep(
+        model, optimizer, scheduler, Precision("off", torch.device("cpu")),
+        MemoryFormat("contiguous"), LoopSettings(grad_clip=1e-3), CrossEntropy(), micro_batch=2,
+        root_seed=0, dist=Context(),
+    )  # fmt: skip
+    step(torch.randn(4, 4) * 100, torch.tensor([0, 1, 0, 1]), epoch=0, batch=0)
+    norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert norm.item() == pytest.approx(1e-3, rel=1e-4)
