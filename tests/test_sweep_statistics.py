@@ -793,3 +793,70 @@ def test_each_setting_of_the_rule_is_refused_naming_what_is_allowed(rule, messag
         rule.check()
     assert str(refused.value) == message
     Rule("m", 1, 2, 0.5, 0.5).check()  # the least allowed of each
+
+
+def test_an_error_without_words_is_named_by_its_type(tmp_path, monkeypatch):
+    def silent(text):
+        raise yaml.YAMLError()
+
+    monkeypatch.setattr(report.yaml, "safe_load", silent)
+    job = report.read_job(job_folder(tmp_path, "0"))
+    assert job.error == "records unreadable: YAMLError"
+
+
+def test_an_error_file_as_old_as_the_summary_still_fails_the_job(tmp_path):
+    import os
+
+    folder = job_folder(tmp_path, "0", summary={"completed": True}, error="OSError: full\n")
+    for name in ("summary.json", "error.txt"):
+        os.utime(folder / name, ns=(5_000_000_000, 5_000_000_000))
+    assert report.read_job(folder).error == "OSError: full"
+
+
+def test_the_seed_override_is_read_by_its_key_alone():
+    assert report._is_seed("seed.value=a=b")  # the key is what comes before the first "="
+    assert not report._is_seed("Xseed=1") and not report._is_seed("Xseed.value=1")
+
+
+def test_a_stopped_job_is_left_out_and_a_metric_one_group_lacks_is_not_compared(tmp_path):
+    fake_job(tmp_path, 0, ["amp=off", "seed.value=0"], 0, val_acc=0.5, val_margin=0.1)
+    fake_job(tmp_path, 1, ["amp=off", "seed.value=1"], 1, val_acc=0.6, val_margin=0.2)
+    fake_job(tmp_path, 2, ["amp=bf16", "seed.value=0"], 0, val_acc=0.7)
+    fake_job(tmp_path, 3, ["amp=bf16", "seed.value=1"], 1, val_acc=0.8)
+    stopped = tmp_path / "4"
+    fake_job(tmp_path, 4, ["amp=bf16", "seed.value=2"], 2, val_acc=0.0)
+    summary = json.loads((stopped / "summary.json").read_text())
+    (stopped / "summary.json").write_text(json.dumps({**summary, "completed": False}))
+    built = report.build(tmp_path)
+    assert built.groups["amp=bf16"]["val_acc"]["count"] == 2  # the stopped job is not counted
+    (comparison,) = built.comparisons
+    assert "val_acc" in comparison and "val_margin" not in comparison
+    assert "val_margin" in built.groups["amp=off"] and "val_margin" not in built.groups["amp=bf16"]
+
+
+def test_the_adaptive_sweepers_metric_is_summarised_whatever_its_name(tmp_path):
+    for seed in range(2):
+        fake_job(tmp_path, 2 * seed, ["amp=off", f"seed.value={seed}"], seed, best_val_acc=0.5)
+        fake_job(tmp_path, 2 * seed + 1, ["amp=bf16", f"seed.value={seed}"], seed, best_val_acc=0.6)
+    (tmp_path / "adaptive_seeds.json").write_text(json.dumps({"metric": "best_val_acc"}))
+    built = report.build(tmp_path)
+    assert built.metrics[-1] == "best_val_acc" and "best_val_acc" in built.groups["amp=off"]
+    assert built.adaptive == {"metric": "best_val_acc"}
+
+
+def test_an_objectives_own_terms_are_not_compared_across_objectives(tmp_path):
+    swept = ["objective=cross_entropy", "objective=focal"]
+    a_values = [{"val_acc": x, "train_logit_penalty": 0.1, "val_logit_penalty": 0.1,
+                 "train_s": 5.0} for x in A]  # fmt: skip
+    b_values = [{"val_acc": x, "train_logit_penalty": 0.5 + n, "val_logit_penalty": 0.5 + n,
+                 "train_s": 5.0 + n} for x, n in zip(B, NOISE, strict=True)]  # fmt: skip
+    got = paired_sweep(tmp_path, swept, a_values, b_values)
+    assert got["val_logit_penalty"]["verdict"] == "not comparable: the objective differs"
+    assert got["train_s"]["verdict"] == "no difference shown"  # a time, not a term
+
+
+def test_a_seed_one_group_ran_twice_has_no_single_partner():
+    a = [(0, 0.5), (1, 0.6), (2, 0.55), (2, 0.9)]
+    found = report.compare(a, [(0, 0.52), (1, 0.63), (2, 0.7)])
+    assert found["test"] == "paired: 2 shared seeds (3 unmatched jobs left out)"
+    assert report._by_seed(a) == {0: 0.5, 1: 0.6}
