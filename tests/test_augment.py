@@ -198,3 +198,17 @@ def test_randaugment_with_cutmix_is_the_same_for_any_workers_and_after_a_kill(tm
     assert resumed.returncode == 0, resumed.stderr
     summary = read_summary(killed_dir)
     assert summary["resumed_from_step"] == 8 and summary["weights_sha256"] == hashes[0]
+
+
+def test_the_loop_mixes_batches_only_when_augment_asks_and_the_data_is_augmented():
+    from omegaconf import open_dict
+
+    from repro.engine import assembly
+
+    cfg = compose_config(*tiny("augment.mixup_alpha=0.2", "augment.cutmix_alpha=1.0"))
+    mixer = assembly._mixer(cfg, 7, 3)
+    assert (mixer.mixup_alpha, mixer.cutmix_alpha, mixer.root_seed, mixer.rank) == (0.2, 1.0, 7, 3)
+    with open_dict(cfg):
+        cfg.data.augment = False
+    assert assembly._mixer(cfg, 7, 3) is None  # an unaugmented run is not mixed either
+    assert assembly._mixer(compose_config(*tiny()), 7, 0) is None  # nothing asked

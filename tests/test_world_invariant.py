@@ -197,3 +197,41 @@ def test_a_clipped_step_clips_the_mean_gradient():
     step(torch.randn(4, 4) * 100, torch.tensor([0, 1, 0, 1]), epoch=0, batch=0)
     norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert norm.item() == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_the_invariant_step_is_refused_where_this_world_cannot_keep_it_word_for_word():
+    from types import SimpleNamespace
+
+    from omegaconf import open_dict
+
+    from repro.engine import assembly
+    from repro.engine.settings import Knobs
+
+    cpu = torch.device("cpu")
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    parts = SimpleNamespace(model=model, optimizer=optimizer, scheduler=None,
+                            context=SimpleNamespace(root_seed=5))  # fmt: skip
+    off, layout = Precision("off", cpu), MemoryFormat("contiguous")
+    cfg = compose_config(*INVARIANT)
+    step = assembly._invariant_step(
+        cfg, Knobs(Context(rank=1, world=2), cpu, off, layout), parts, CrossEntropy()
+    )
+    assert (step.micro_batch, step.root_seed, step.dist.world) == (16, 5, 2)
+    assert step.settings == LoopSettings.from_config(cfg)
+    cases = [
+        ({"micro_batch": 24}, off, "trainer.micro_batch=24 is not allowed: a divisor of the 32 "
+         "images each of 2 ranks gets"),
+        ({}, SimpleNamespace(mode="fp16"), "amp='fp16' is not allowed: off or bf16 with "
+         "trainer.world_invariant=true"),
+        ({"num_threads": None}, off, "trainer.num_threads=None is not allowed: a fixed count "
+         "(e.g. 1) with trainer.world_invariant=true on CPU"),
+    ]  # fmt: skip
+    for changes, precision, message in cases:
+        cfg = compose_config(*INVARIANT)
+        with open_dict(cfg):
+            cfg.trainer.update(changes)
+        knobs = Knobs(Context(rank=0, world=2), cpu, precision, layout)
+        with pytest.raises(ConfigError) as refused:
+            assembly._invariant_step(cfg, knobs, parts, CrossEntropy())
+        assert str(refused.value) == message
