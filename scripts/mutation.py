@@ -187,6 +187,10 @@ def run_module(module: str, tests: tuple[str, ...], workers: int) -> dict:
     # mutmut leaves a module it did not mutate this time as a plain copy, newer than the
     # source, which it would then take for its mutated file: generated afresh each run.
     (WORK / "src" / module).unlink(missing_ok=True)
+    # mutmut records which tests reach a function only for the functions it mutated in that
+    # run, and keeps the record while its settings look the same: two modules guarded by the
+    # same test files would share it, and the second find no test reaching any of its own.
+    (WORK / "mutmut-stats.json").unlink(missing_ok=True)
     configuration._config = dataclasses.replace(
         configuration.config(),
         only_mutate=[f"src/{module}"],
