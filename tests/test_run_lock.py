@@ -251,3 +251,62 @@ def test_only_rank_0_claims_and_every_rank_hears_its_answer(tmp_path, monkeypatc
     ):
         pass
     assert told == [None, None] and not (tmp_path / "run").exists()  # rank 1 made nothing
+
+
+MORE_MOUNTS = """\
+malformed line without its separator
+22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:50 / /cluster rw,relatime shared:2 master:1 - nfs4 server:/export rw,local_lock=flock
+41 40 0:51 / /cluster/my\\040runs rw,nolock - nfs server:/runs rw,vers=3
+42 40 0:52 / /cluster/all rw - nfs server:/all rw,local_lock=all
+43 40 0:53 / /cluster/all rw - nfs server:/all rw,local_lock=none
+"""
+
+
+@pytest.mark.parametrize(
+    ("folder", "option"),
+    [("/cluster/x", "local_lock=flock"),  # optional fields before the separator
+     ("/cluster/my runs/run", "nolock"),  # a space, written \\040; the mount's own options
+     ("/cluster/all/run", None),  # the later of two mounts at one point is the one seen
+     ("/work", None)],
+)  # fmt: skip
+def test_the_deepest_mount_holding_a_folder_decides_whether_its_locks_are_shared(folder, option):
+    assert run_lock.host_only_locks(Path(folder), MORE_MOUNTS) == option
+    earlier = MORE_MOUNTS.rsplit("\n", 2)[0]  # without the last mount over /cluster/all
+    assert run_lock.host_only_locks(Path("/cluster/all"), earlier) == "local_lock=all"
+
+
+def test_a_claim_makes_its_folder_and_a_lock_file_of_one_line_readable_by_all(tmp_path):
+    folder = tmp_path / "a" / "b"
+    folder.mkdir(parents=True)
+    (folder / run_lock.LOCK_FILE).write_text("x" * 500 + "\n")  # a dead owner's, longer
+    deeper = tmp_path / "new" / "deeper"
+    previous = os.umask(0o022)
+    try:
+        assert run_lock.try_claim(folder) is None and run_lock.try_claim(deeper) is None
+    finally:
+        os.umask(previous)
+    try:
+        text = (folder / run_lock.LOCK_FILE).read_text()
+        assert text.count("\n") == 1 and text.startswith('{"pid": ') and "x" not in text
+        assert (deeper / run_lock.LOCK_FILE).stat().st_mode & 0o777 == 0o644
+    finally:
+        run_lock.release(folder)
+        run_lock.release(deeper)
+
+
+def test_releasing_a_folder_not_held_or_whose_lock_file_is_gone_is_quiet(tmp_path):
+    run_lock.release(tmp_path / "never claimed")
+    assert run_lock.try_claim(tmp_path) is None
+    (tmp_path / run_lock.LOCK_FILE).unlink()  # someone removed it
+    run_lock.release(tmp_path)
+    assert tmp_path.absolute() not in run_lock._held
+
+
+def test_a_claim_that_locked_a_replaced_file_tries_again_without_leaking(tmp_path, monkeypatch):
+    answers = iter([False, True])  # the first file locked was no longer the folder's
+    monkeypatch.setattr(run_lock, "_still_named", lambda fd, path: next(answers))
+    opened = len(os.listdir("/proc/self/fd"))
+    assert run_lock.try_claim(tmp_path) is None
+    assert len(os.listdir("/proc/self/fd")) == opened + 1  # the held one only
+    run_lock.release(tmp_path)
