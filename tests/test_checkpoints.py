@@ -516,3 +516,105 @@ def test_a_state_copied_to_the_host_no_longer_changes_with_training():
     assert host["model"]["w"].tolist() == [1.0, 1.0] and not host["model"]["w"].requires_grad
     assert host["list"][0].tolist() == [0.0] and host["list"][1] == 3
     assert isinstance(host["pair"], tuple) and host["pair"][1] == "x" and host["n"] == 5
+
+
+# ---- the unit: the Checkpointer's files ------------------------------------------------------
+
+
+def small_state(step):
+    return {"position": {"step": step}, "model": {"w": torch.full((2,), float(step))}}
+
+
+def test_the_newest_checkpoints_are_kept_and_last_pt_is_a_link_to_the_newest(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / ".step-00000009.pt.123.tmp").write_bytes(b"half")  # a killed run's
+    saver = Checkpointer(folder, keep=2)
+    assert not (folder / ".step-00000009.pt.123.tmp").exists() and saver.step_files() == []
+    for step in (1, 2, 3, 4):
+        assert saver.save(small_state(step), step) == folder / f"step-{step:08d}.pt"
+    saver.wait()
+    assert saver.step_files() == [folder / "step-00000004.pt", folder / "step-00000003.pt"]
+    assert os.path.samefile(folder / "last.pt", folder / "step-00000004.pt")
+    assert checkpoint.load(folder / "last.pt")["position"]["step"] == 4
+    (folder / "step-00000099.txt").write_text("not ours")
+    (folder / "step-1.pt").write_text("not ours either")
+    assert len(saver.step_files()) == 2
+    assert Checkpointer(tmp_path / "none", keep=1).step_files() == []
+
+
+def test_best_pt_is_the_best_that_the_newest_checkpoint_records(tmp_path):
+    folder = tmp_path / "checkpoints"
+    saver = Checkpointer(folder, keep=3)
+    saver.save(small_state(2), 2)
+    saver.save_best(small_state(3), 3)
+    saver.save_best(small_state(4), 4)  # a newer best: best-3 can never be promoted
+    saver.wait()
+    assert sorted(p.name for p in folder.glob("best*")) == ["best-00000004.pt"]
+    saver.save(small_state(5), 5)  # on disk: the best evaluated by step 5 is best.pt
+    saver.save_best(small_state(6), 6)  # pending until the next checkpoint
+    saver.wait()
+    assert checkpoint.best_step_of(folder / "best.pt") == 4
+    assert sorted(p.name for p in folder.glob("best*")) == ["best-00000006.pt", "best.pt"]
+    saver.settle_best(6)  # killed between the two renames: the pending best of step 6 stands
+    assert checkpoint.best_step_of(folder / "best.pt") == 6 and not list(folder.glob("best-*"))
+    saver.save_best(small_state(8), 8)
+    saver.settle_best(6)  # resumed from step 6's checkpoint: later bests are dropped
+    assert checkpoint.best_step_of(folder / "best.pt") == 6 and not list(folder.glob("best-*"))
+    saver.settle_best(None)  # a fresh run in an old folder
+    assert not (folder / "best.pt").exists()
+    assert checkpoint.best_step_of(folder / "best.pt") is None
+
+
+def test_a_failed_write_is_raised_by_the_next_wait(tmp_path, monkeypatch):
+    saver = Checkpointer(tmp_path, keep=1)
+
+    def full(obj, path, step=-1):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "atomic_save", full)
+    saver.save(small_state(1), 1)
+    with pytest.raises(OSError, match="No space left"):
+        saver.wait()
+    saver.wait()  # raised once
+
+
+def test_without_hard_links_last_pt_is_a_copy(tmp_path, monkeypatch):
+    def refuse(source, target):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(checkpoint.os, "link", refuse)
+    saver = Checkpointer(tmp_path, keep=1)
+    saver.save(small_state(3), 3)
+    saver.wait()
+    assert not os.path.samefile(tmp_path / "last.pt", tmp_path / "step-00000003.pt")
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["step"] == 3
+
+
+def test_a_resume_passes_damaged_checkpoints_and_names_them_but_stops_at_a_foreign_one(
+    tmp_path, caplog
+):
+    saver = Checkpointer(tmp_path, keep=3)
+    for step in (1, 2):
+        saver.save(small_state(step), step)
+    saver.wait()
+    (tmp_path / "last.pt").unlink()
+    (tmp_path / "last.pt").write_bytes(b"PK\x03\x04 torn")
+    skipped = []
+    path, state = saver.latest_good(skipped)
+    assert path == tmp_path / "step-00000002.pt" and state["position"]["step"] == 2
+    assert skipped == [f"{tmp_path / 'last.pt'}: unreadable or truncated (RuntimeError)"]
+    assert f"skipping checkpoint: {skipped[0]}" in caplog.text
+    torch.save({"weights": 1}, tmp_path / "step-00000003.pt")  # someone else's file
+    with pytest.raises(CheckpointError, match="not a repro checkpoint"):
+        saver.latest_good()
+    for path in tmp_path.glob("step-*"):
+        path.write_bytes(b"PK\x03\x04 torn")
+    with pytest.raises(CheckpointError) as refused:
+        saver.latest_good()
+    assert str(refused.value) == (
+        f"no usable checkpoint in {tmp_path} (newest: {tmp_path / 'last.pt'}: unreadable or "
+        "truncated (RuntimeError)); nothing to resume from: move the checkpoints aside to "
+        "train afresh here, or use a new run folder"
+    )
+    assert Checkpointer(tmp_path / "empty", keep=1).latest_good() is None
