@@ -14,7 +14,7 @@ from repro import evaluate
 from repro.engine.evaluation import evaluate as evaluate_batches
 from repro.engine.evaluation import predict
 from repro.engine.loop import Trainer
-from repro.errors import ConfigError
+from repro.errors import CheckpointError, ConfigError
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -415,3 +415,92 @@ def test_the_step_trains_on_the_batch_mixed_for_its_place_with_the_partners_labe
         assert torch.equal(targets.partners, expected.partner_labels)
         assert targets.weight == expected.weight
     assert len({targets.weight for _, targets in seen}) == 3  # each place its own draw
+
+
+# ---- the unit: the loop's own bookkeeping ---------------------------------------------------
+
+
+def bare_loop(world=1, invariant=False, **settings):
+    """A Trainer with a small model and only the parts the bookkeeping touches."""
+    from types import SimpleNamespace
+
+    from repro.callbacks import Callbacks
+    from repro.engine.position import RunState
+    from repro.engine.settings import LoopSettings
+    from repro.runtime.distributed import Context
+    from repro.runtime.precision import Precision
+
+    loop = Trainer.__new__(Trainer)
+    loop.model = torch.nn.Linear(2, 2)
+    loop.optimizer = torch.optim.SGD(loop.model.parameters(), lr=0.1)
+    loop.scheduler = torch.optim.lr_scheduler.LambdaLR(loop.optimizer, lambda step: 1.0)
+    loop.knobs = SimpleNamespace(precision=Precision("off", torch.device("cpu")))
+    loop.callbacks, loop.state, loop.dist = Callbacks(), RunState(), Context(rank=0, world=world)
+    loop.settings = LoopSettings(world_invariant=invariant, **settings)
+    loop.extra_state = {"config": {"seed": 1}}
+    saved = []
+    loop.outputs = SimpleNamespace(checkpointer=SimpleNamespace(
+        save_best=lambda state, step: saved.append(step)))  # fmt: skip
+    return loop, saved
+
+
+def test_a_monitor_the_evaluation_does_not_report_is_one_line_naming_those_it_does():
+    loop, _ = bare_loop(monitor="val_f1")
+    loop.state.last_eval = {"step": 3, "train_loss": 1.0, "val_loss": 1.0, "val_acc": 0.5,
+                            "ema_val_acc": 0.6}  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        loop._track_best()
+    assert str(refused.value) == (
+        "trainer.monitor='val_f1' is not allowed: one of this run's ema_val_acc, val_acc, val_loss"
+    )
+
+
+def test_a_better_value_writes_best_pt_and_patience_stops_the_run(monkeypatch):
+    loop, saved = bare_loop(monitor="val_loss", monitor_mode="min", patience=2)
+    monkeypatch.setattr(loop, "state_dict", lambda: {"whole": "state"})
+    for step, value in ((1, 0.9), (2, 0.8), (3, 0.85), (4, 0.8)):
+        loop.state.position.step = step
+        loop.state.last_eval = {"val_loss": value}
+        loop._track_best()
+    assert saved == [1, 2] and loop.state.best.step == 2
+    assert loop.state.stopped_early
+    assert loop.state.stop_reason == "trainer.patience: 2 evaluations without a better val_loss"
+    quiet, kept = bare_loop(save_checkpoints=False)
+    quiet.state.last_eval = {"val_acc": 0.5}
+    quiet._track_best()
+    assert kept == [] and quiet.state.best.value == 0.5 and not quiet.state.stopped_early
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_a_checkpoints_random_states_are_every_ranks_unless_the_run_is_world_invariant(
+    invariant, monkeypatch
+):
+    from repro.engine import loop as loop_module
+
+    loop, _ = bare_loop(world=2, invariant=invariant)
+    monkeypatch.setattr(loop_module.distributed, "gather", lambda value, dist: [value, "rank 1"])
+    states = loop._rng_states()
+    assert len(states) == (1 if invariant else 2) and states[0]["device"] is None
+    state = loop.state_dict()
+    assert state["config"] == {"seed": 1} and state["stopped_early"] is False
+    assert state["position"]["step"] == 0 and state["components"] == {} and state["callbacks"] == {}
+
+
+def test_a_checkpoint_of_another_world_size_resumes_only_when_world_invariant():
+    from repro.runs.checkpoint import capture_rng
+
+    written, _ = bare_loop()
+    written.state.position.step = 7
+    written.state.last_eval = {"step": 7, "val_acc": 0.5}
+    state = {**written.state_dict(), "rng": [capture_rng(torch.device("cpu"))]}
+    two, _ = bare_loop(world=2)
+    with pytest.raises(CheckpointError) as refused:
+        two.load_state_dict(state)
+    assert str(refused.value) == (
+        "the checkpoint was written by 1 process(es), this run has 2; resume with the same "
+        "torchrun --nproc_per_node (or train with trainer.world_invariant=true)"
+    )
+    invariant, _ = bare_loop(world=2, invariant=True)
+    invariant.load_state_dict(state)
+    assert invariant.state.position.step == 7 and invariant.state.last_eval["val_acc"] == 0.5
+    assert torch.equal(invariant.model.weight, written.model.weight)
