@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from repro.errors import UserError
 from repro.resume import command as resume
 
 from conftest import TINY, read_summary, run_cli, train_in_process
@@ -278,3 +279,109 @@ def test_a_damaged_record_is_one_line_naming_the_folder(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"error: {tmp_path}: its records are damaged or not repro's ('overrides')\n"
     )
+
+
+# ---- resume_run and resume_sweep in-process, the relaunch replaced by a recording -----------
+
+
+def recorded_run(folder: Path, mode: str = "RUN", num: int = 0, task=()) -> dict:
+    record = {"mode": mode, "job": {"num": num, "config_name": "config"},
+              "overrides": {"hydra": [], "task": list(task)}, "runtime": {"cwd": str(folder)}}  # fmt: skip
+    (folder / ".hydra").mkdir(parents=True, exist_ok=True)
+    (folder / ".hydra" / "hydra.yaml").write_text(json.dumps({"hydra": record}))
+    (folder / ".hydra" / "overrides.yaml").write_text(json.dumps(list(task)))
+    return record
+
+
+@pytest.fixture
+def relaunched(monkeypatch):
+    calls = []
+
+    def relaunch(recorded, folder, run):
+        calls.append((recorded["mode"], folder, run))
+        return 0
+
+    monkeypatch.setattr(resume, "_relaunch", relaunch)
+    return calls
+
+
+def test_a_halted_run_is_relaunched_into_its_folder_and_a_complete_one_is_left(
+    tmp_path, relaunched, capsys
+):
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *BASE, "trainer.epochs=1", "trainer.halt_at_step=2")
+    recorded_run(run_dir, task=["seed=0"])
+    assert resume.job_state(run_dir) == "halted"
+    assert resume.resume_run(run_dir, force=False) == 0
+    ((mode, folder, run),) = relaunched
+    assert (mode, folder) == ("RUN", f"hydra.run.dir={run_dir.absolute()}")
+    assert run.config_name == "config" and run.task == []  # the last attempt's overrides
+    assert not (run_dir / "run.lock").exists()  # taken and let go before the relaunch
+    done = tmp_path / "done"
+    train_in_process(done, *BASE, "trainer.epochs=1")
+    recorded_run(done)
+    assert resume.resume_run(done, force=False) == 0 and len(relaunched) == 1
+    steps = json.loads((done / "summary.json").read_text())["step"]
+    assert capsys.readouterr().out.endswith(
+        f"complete: {done} holds all {steps} steps; nothing to do\n"
+    )
+
+
+def test_a_run_recorded_elsewhere_is_refused_listing_the_differences_unless_forced(
+    tmp_path, relaunched, capsys
+):
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, *BASE, "trainer.epochs=1", "trainer.halt_at_step=2")
+    recorded_run(run_dir)
+    edit_recorded_env(run_dir, "torch", "0.1.0")
+    with pytest.raises(UserError) as refused:
+        resume.resume_run(run_dir, force=False)
+    assert str(refused.value) == (
+        f"{run_dir}: the code or environment differs from the one its runs recorded (1 "
+        "differences, listed above): resuming would mix the two; to resume anyway, add force=true"
+    )
+    listed = capsys.readouterr().err
+    assert listed.startswith("  ") and "torch" in listed and "0.1.0" in listed
+    assert relaunched == []
+    assert resume.resume_run(run_dir, force=True) == 0 and len(relaunched) == 1
+
+
+def test_a_sweeps_unfinished_jobs_are_listed_relaunched_and_its_record_kept(
+    tmp_path, relaunched, capsys
+):
+    sweep = tmp_path / "sweep"
+    record = recorded_run(sweep / "0", "MULTIRUN", 0, ["seed.value=0"])  # a finished job
+    train_in_process(sweep / "0", *BASE, "trainer.epochs=1", "seed.value=0")
+    recorded_run(sweep / "1", "MULTIRUN", 1, ["seed.value=1"])  # a failed job
+    train_in_process(
+        sweep / "1", *BASE, "trainer.epochs=1", "trainer.halt_at_step=1", "seed.value=1"
+    )
+    (sweep / "1" / "error.txt").write_text("ValueError: lr\n")
+    sweeper = {
+        "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+        "params": None,
+    }
+    multirun = {
+        "hydra": {
+            **record,
+            "sweeper": sweeper,
+            "overrides": {"hydra": [], "task": ["seed.value=0,1,2"]},
+        }
+    }
+    (sweep / "multirun.yaml").write_text(json.dumps(multirun))
+    jobs = resume.sweep_jobs(sweep, multirun["hydra"])
+    assert [(j.num, j.overrides, j.state) for j in jobs] == [
+        (0, ["seed.value=0"], "complete"), (1, ["seed.value=1"], "failed: ValueError: lr"),
+        (2, ["seed.value=2"], "never started"),
+    ]  # fmt: skip
+    assert resume.resume_sweep(sweep, force=False) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"{sweep}: 1 of 3 jobs complete; to run:\n  job 1 (failed: ValueError: lr): seed.value=1\n"
+        in out
+    )
+    assert "  job 2 (never started): seed.value=2\n" in out
+    ((mode, folder, run),) = relaunched
+    assert (mode, folder) == ("MULTIRUN", f"hydra.sweep.dir={sweep.absolute()}")
+    assert run.task == ["seed.value=0,1,2"] and not (sweep / "1" / "error.txt").exists()
+    assert json.loads((sweep / "multirun.yaml").read_text()) == multirun
