@@ -265,11 +265,10 @@ def test_the_multirun_callback_finishes_the_sweeps_mlflow_run_or_says_why_not(
 
 def small_report(sweep_dir, adaptive=None):
     """A report of three jobs (one ok per group, one pruned, one failed) built by hand."""
-    nan = float("nan")
     group = {"count": 2, "mean": 0.5, "std": 0.125, "min": 0.25, "max": 0.75,
-             "ci_low": 0.125, "ci_high": nan}  # fmt: skip
+             "ci_low": 0.125, "ci_high": 0.875}  # fmt: skip
     jobs = [
-        report.Job("0", ["amp=off", "seed=0"], {"seed": 0, "val_acc": 0.75, "test_acc": None,
+        report.Job("0", ["amp=off", "seed=0"], {"seed": 0, "val_acc": 0.75, "test_acc": 0.625,
                    "weights_sha256": "f" * 64}, None, group="amp=off"),
         report.Job("1", ["amp=bf16", "seed=0"], {"seed": 0, "val_acc": 0.5, "pruned": True,
                    "step": 7}, None, group="amp=bf16"),
@@ -297,7 +296,7 @@ def test_the_markdown_report_is_exactly_its_tables(tmp_path):
         "## Groups (95% confidence intervals, t distribution)", "",
         "| group | metric | n | mean | std | min | max | 95% CI |",
         "|---|---|---|---|---|---|---|---|",
-        "| amp=off | val_acc | 2 | 0.5000 | 0.1250 | 0.2500 | 0.7500 | [0.1250, n/a] |", "",
+        "| amp=off | val_acc | 2 | 0.5000 | 0.1250 | 0.2500 | 0.7500 | [0.1250, 0.8750] |", "",
         "## Differences (b - a, 95% CI: paired over shared seeds, else Welch)", "",
         "| a | b | metric | difference | 95% CI | test | Welch 95% CI | verdict |",
         "|---|---|---|---|---|---|---|---|",
@@ -306,7 +305,7 @@ def test_the_markdown_report_is_exactly_its_tables(tmp_path):
         "## Jobs", "",
         "| job | group | seed | val_acc | test_acc | weights_sha256 | status |",
         "|---|---|---|---|---|---|---|",
-        f"| 0 | amp=off | 0 | 0.7500 | n/a | {'f' * 16} | ok |",
+        f"| 0 | amp=off | 0 | 0.7500 | 0.6250 | {'f' * 16} | ok |",
         "| 1 | amp=bf16 | 0 | 0.5000 | n/a |  | pruned at step 7 |",
         "| 2 | amp=bf16 |  | n/a | n/a |  | FAILED: =cmd|boom |",
     ]) + "\n"  # fmt: skip
@@ -333,10 +332,13 @@ def test_the_summary_files_hold_each_job_and_no_cell_a_spreadsheet_would_run(tmp
                                 "status": "failed", "error": "=cmd|boom", "seed": None,
                                 "weights_sha256": None, "val_acc": None, "test_acc": None}  # fmt: skip
     assert saved["jobs"][1]["status"] == "pruned" and saved["jobs"][1]["val_acc"] == 0.5
-    rows = list(csv.reader((tmp_path / "sweep_summary.csv").read_text().splitlines()))
+    assert (tmp_path / "sweep_summary.json").read_text().startswith('{\n  "sweep_dir": ')
+    text = (tmp_path / "sweep_summary.csv").read_bytes().decode()
+    assert text.count("\r\n") == 4  # CSV's own line ends: a header and three jobs
+    rows = list(csv.reader(text.splitlines()))
     assert rows[0] == ["job", "group", "overrides", "status", "error", "seed", "weights_sha256",
                        "val_acc", "test_acc"]  # fmt: skip
-    assert rows[1] == ["0", "amp=off", "amp=off seed=0", "ok", "", "0", "f" * 64, "0.75", ""]
+    assert rows[1] == ["0", "amp=off", "amp=off seed=0", "ok", "", "0", "f" * 64, "0.75", "0.625"]
     assert rows[3][4] == "'=cmd|boom" and rows[3][3] == "failed"  # not a formula
     assert (tmp_path / "sweep_summary.md").read_text() == render.markdown(built)
 
@@ -365,3 +367,19 @@ def test_the_plot_shows_each_finished_job_and_each_groups_mean_and_interval(tmp_
     assert line.get_xydata().tolist() == [[1.15, 0.5]]
     (segments,) = bar.lines[2]
     assert segments.get_segments()[0].tolist() == [[1.15, 0.25], [1.15, 1.0]]
+    # How it looks: jobs as pale blue dots, each group's mean and interval in black, capped.
+    from matplotlib.colors import to_rgba
+
+    dots = axis.collections[0]
+    assert dots.get_facecolor().tolist() == [list(to_rgba("tab:blue", 0.6))]
+    assert (
+        line.get_color() == "black" and line.get_marker() == "o" and line.get_linestyle() == "None"
+    )
+    assert segments.get_color().tolist() == [list(to_rgba("black"))]
+    assert [cap.get_markersize() for cap in bar.lines[1]] == [8, 8]  # capsize 4: 2 x 4 wide
+    labels = axis.get_xticklabels()
+    assert {(label.get_rotation(), label.get_horizontalalignment()) for label in labels} == {
+        (20.0, "right")
+    }
+    assert drawn["f"].get_size_inches().tolist() == [max(4, 1.6 * 2 + 2), 4]
+    assert {gridline.get_alpha() for gridline in axis.get_xgridlines()} == {0.3}
