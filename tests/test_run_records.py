@@ -284,3 +284,51 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_naming_the_key(tmp_
     assert capsys.readouterr().err.startswith(
         f"error: {tmp_path / 'new'}: metrics.csv is a link to "
     )
+
+
+def test_the_command_line_recorded_is_the_typed_one_else_this_processs(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from repro.runs import history
+
+    monkeypatch.setenv(history.COMMAND_VARIABLE, "python -m repro.train -m seed=0,1")
+    assert history._command_line() == "python -m repro.train -m seed=0,1"
+    monkeypatch.delenv(history.COMMAND_VARIABLE)
+    monkeypatch.setattr(sys, "argv", ["/somewhere/train.py", "seed=1", "data.root=a b"])
+    main = SimpleNamespace(__spec__=SimpleNamespace(name="repro.train"))
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert history._command_line() == "python -m repro.train seed=1 'data.root=a b'"
+    main.__spec__ = None  # run as a script
+    assert history._command_line() == "train.py seed=1 'data.root=a b'"
+    main.__spec__ = SimpleNamespace(name="")
+    assert history._command_line() == "train.py seed=1 'data.root=a b'"
+    assert history._task_overrides() == []  # outside Hydra: none
+
+
+def test_hydras_callback_checks_the_run_and_sweep_folders_before_it_writes(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from repro.runs.history import OutputFolderCheck
+
+    check = OutputFolderCheck()
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "run")},
+                                         "sweep": {"dir": str(tmp_path / "sweep")}}})  # fmt: skip
+    check.on_run_start(config)
+    check.on_multirun_start(config)
+    assert (tmp_path / "run").is_dir() and (tmp_path / "sweep").is_dir()
+    (tmp_path / "file").write_text("")
+    bad = OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "file" / "r")},
+                                      "sweep": {"dir": str(tmp_path / "file" / "s")}}})  # fmt: skip
+    for start, key in (
+        (check.on_run_start, "hydra.run.dir"),
+        (check.on_multirun_start, "hydra.sweep.dir"),
+    ):
+        with pytest.raises(SystemExit):
+            start(bad)
+        assert capsys.readouterr().err.endswith(f"(Not a directory): set {key} to one you can\n")
+    (tmp_path / "sweep" / "0").mkdir()
+    (tmp_path / "sweep" / "0" / "run.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SystemExit):  # a sweep's job folder that links out
+        check.on_multirun_start(config)
+    assert "run.lock is a link to" in capsys.readouterr().err
