@@ -332,3 +332,55 @@ def test_hydras_callback_checks_the_run_and_sweep_folders_before_it_writes(tmp_p
     with pytest.raises(SystemExit):  # a sweep's job folder that links out
         check.on_multirun_start(config)
     assert "run.lock is a link to" in capsys.readouterr().err
+
+
+def test_a_disk_too_full_for_the_reserve_still_records_the_attempt_and_its_end(
+    recorded, tmp_path, monkeypatch
+):
+    import errno
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    history = recorded.RunHistory(tmp_path)
+    (tmp_path / "attempts" / "1").mkdir(parents=True)  # left by an attempt killed before its line
+    real_write = Path.write_bytes
+
+    def full(path, data):
+        if path.name == recorded.RESERVE_FILE:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    history.begin(OmegaConf.create({"a": 1}), 0, {}, {})
+    assert not (tmp_path / recorded.RESERVE_FILE).exists()
+    history.end("completed", 3)
+    (line,) = history.attempts()
+    assert (line["config"], line["result"], line["end_step"]) == ("attempts/1", "completed", 3)
+
+
+def test_an_existing_output_folder_passes_and_an_error_without_words_is_named_by_type(
+    tmp_path, capsys
+):
+    from repro.runs import history
+
+    history.check_writable(tmp_path, "hydra.run.dir")
+    history.check_writable(tmp_path, "hydra.run.dir")  # again: it exists already
+    assert list(tmp_path.iterdir()) == []
+
+    def wordless(folder):
+        raise OSError()
+
+    with pytest.raises(SystemExit):
+        history.check_writable(tmp_path / "x", "hydra.run.dir", guard=wordless)
+    assert capsys.readouterr().err == (
+        f"error: cannot write the output folder {tmp_path / 'x'} (OSError): set hydra.run.dir "
+        "to one you can\n"
+    )
+
+
+def test_hydra_writes_its_record_where_the_folder_cannot_even_be_claimed(tmp_path):
+    from repro.runs import history
+
+    (tmp_path / "file").write_text("")
+    assert history.record_subdir(str(tmp_path / "file" / "run")) == ".hydra"  # training refuses
