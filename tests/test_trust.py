@@ -295,3 +295,76 @@ def test_conf_targets_are_trusted_in_their_groups_section():
     small_cnn = compose_config(*tiny()).model._target_
     assert found[small_cnn] == frozenset({"model"})
     assert all(isinstance(places, frozenset) for places in found.values())
+
+
+@pytest.mark.parametrize(
+    ("target", "place", "trusted"),
+    [("repro.models.resnet_cifar.ResNetCifar", "model", True),  # in no YAML of conf/
+     ("repro.models.resnet_cifar.ResNetCifar", "augment", False),
+     ("torchvision.models.vgg11", "model", True), ("torchvision.models.vgg11", "optimizer", False),
+     ("torch.optim.Adagrad", "optimizer", True), ("torch.optim.NoSuchOptimizer", "optimizer", False),
+     ("torchvision.transforms.ColorJitter", "augment", True),
+     ("torchvision.transforms.NoSuchTransform", "augment", False)],
+)  # fmt: skip
+def test_a_kind_not_named_in_conf_is_trusted_by_where_it_is_built(target, place, trusted):
+    assert target not in trust.conf_targets()
+    assert trust.trusted(target, place) is trusted
+
+
+def test_a_target_this_machine_trusts_anywhere_is_trusted_in_every_section(monkeypatch):
+    monkeypatch.setattr(trust, "conf_targets", lambda: {"lab.Net": frozenset({None}),
+                                                        "lab.Aug": frozenset({"augment"})})  # fmt: skip
+    assert trust.trusted("lab.Net", "model") and trust.trusted("lab.Net", None)
+    assert trust.trusted("lab.Aug", None) and not trust.trusted("lab.Aug", "model")
+
+
+def test_a_top_level_target_and_nested_lists_are_checked_in_their_section():
+    with pytest.raises(UntrustedConfigError, match=r"f: _target_='os.system' is not a target"):
+        trust.check({"_target_": "os.system"}, "f")
+    trust.check({"augment": [[{"_target_": "torchvision.transforms.ColorJitter"}]]}, "f")
+    assert trust._section("augment[0][1]._target_") == "augment"
+    with pytest.raises(UntrustedConfigError):
+        trust.as_data({"model": {"_target_": "os.system"}}, "f")  # checked unless trusted
+
+
+def test_only_the_yaml_git_tracks_under_conf_is_read_and_local_is_left_to_its_own_list(tmp_path):
+    import subprocess
+
+    conf = tmp_path / "repo" / "conf"
+    (conf / "local").mkdir(parents=True)
+    (conf / "model").mkdir()
+    for name in ("a.yaml", "model/b.yaml", "untracked.yaml", "local/trusted.yaml", "notes.txt"):
+        (conf / name).write_text("x: 1\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    subprocess.run(
+        ["git", "-C", str(conf), "add", "a.yaml", "model/b.yaml", "notes.txt"], check=True
+    )
+    assert sorted(trust._tracked_yaml(conf)) == [conf / "a.yaml", conf / "model" / "b.yaml"]
+    installed = tmp_path / "site" / "conf"  # an installed engine's: no git, all but local/
+    (installed / "local").mkdir(parents=True)
+    (installed / "model").mkdir()
+    for name in ("a.yaml", "model/b.yaml", "local/trusted.yaml"):
+        (installed / name).write_text("x: 1\n")
+    assert trust._tracked_yaml(installed) == [installed / "a.yaml", installed / "model" / "b.yaml"]
+
+
+def test_an_installed_projects_conf_is_trusted_and_nothing_else_beside_it(tmp_path, monkeypatch):
+    import importlib.metadata
+    import sys
+    from types import SimpleNamespace
+
+    for project in ("lab", "nolab"):
+        (tmp_path / project / "src" / project).mkdir(parents=True)
+        (tmp_path / project / "src" / project / "__init__.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path / project / "src"))
+    (tmp_path / "lab" / "conf").mkdir()  # nolab ships no conf/
+    entries = [SimpleNamespace(module=name) for name in ("missing_pkg", "lab", "nolab", "lab")]
+    asked = []
+
+    def entry_points(group):
+        asked.append(group)
+        return entries
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    assert trust.config_dirs() == [trust.CONF, (tmp_path / "lab" / "conf").resolve()]
+    assert asked == ["repro.projects"] and "lab" not in sys.modules  # located, not imported
