@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -235,3 +237,92 @@ def test_the_invariant_step_is_refused_where_this_world_cannot_keep_it_word_for_
         with pytest.raises(ConfigError) as refused:
             assembly._invariant_step(cfg, knobs, parts, CrossEntropy())
         assert str(refused.value) == message
+
+
+def test_the_tree_adds_neighbours_first():
+    rows = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0], [32.0], [64.0]], dtype=torch.float64)
+    assert tree_sum(rows).item() == 127.0
+    assert tree_sum(rows[:4]).item() == 15.0 and tree_sum(rows[:2]).item() == 3.0
+
+
+class _WithUnused(torch.nn.Module):
+    """Dropout, two layers, and a parameter no forward pass uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(12, 6), torch.nn.Linear(6, 3)
+        self.dropout, self.unused = torch.nn.Dropout(0.5), torch.nn.Parameter(torch.ones(5))
+
+    def forward(self, x):
+        return self.second(self.dropout(self.first(x.flatten(1))))
+
+
+class _Penalised:
+    """An objective that reads the images and the model it is handed (a Batch)."""
+
+    def __call__(self, logits, targets, batch):
+        loss = torch.nn.functional.cross_entropy(logits, targets.labels, reduction="none")
+        weight = batch.model.second.weight.square().sum()
+        return {"loss": loss + weight * batch.images.mean(), "weight": weight}
+
+
+def test_a_step_draws_each_micro_batches_dropout_from_its_own_stream_and_hands_the_objective_its_batch():
+    from repro.runtime.seeding import stream_seed
+
+    torch.manual_seed(0)
+    model, twin = _WithUnused(), _WithUnused()
+    twin.load_state_dict(model.state_dict())
+    images, labels = torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])
+    sums = [torch.zeros_like(p) for p in twin.parameters()]
+    for index, (x, y) in enumerate(zip(images.split(2), labels.split(2), strict=True)):
+        torch.manual_seed(stream_seed(9, "micro", 3, 5, index))  # (epoch, batch, micro-batch)
+        twin.zero_grad()
+        terms = _Penalised()(twin(x), SimpleNamespace(labels=y),
+                             SimpleNamespace(images=x, model=twin))  # fmt: skip
+        terms["loss"].mean().backward()
+        for total, p in zip(sums, twin.parameters(), strict=True):
+            total += p.grad if p.grad is not None else 0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    step = InvariantStep(
+        model, optimizer, scheduler, Precision("off", torch.device("cpu")),
+        MemoryFormat("contiguous"), LoopSettings(), _Penalised(), micro_batch=2, root_seed=9,
+        dist=Context(),
+    )  # fmt: skip
+    terms = step(images, labels, epoch=3, batch=5)
+    assert list(terms) == ["loss", "weight"]
+    for total, p in zip(sums, model.parameters(), strict=True):
+        assert torch.allclose(p.grad, total / 2, atol=1e-6)
+    assert torch.equal(model.unused.grad, torch.zeros(5))  # used by no forward pass
+
+
+def test_the_ranks_micro_batches_are_gathered_in_rank_order(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    alone = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    alone.load_state_dict(model.state_dict())
+    images, labels = torch.randn(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])
+    gathered = []
+
+    def all_gather(parts, rows):  # the other rank's rows are this rank's: a job of two copies
+        gathered.append((len(parts), rows.is_contiguous()))
+        for part in parts:
+            part.copy_(rows)
+
+    monkeypatch.setattr(torch.distributed, "all_gather", all_gather)
+
+    def step_of(net, dist):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        return InvariantStep(
+            net, optimizer, scheduler, Precision("off", torch.device("cpu")),
+            MemoryFormat("contiguous"), LoopSettings(), CrossEntropy(), micro_batch=2,
+            root_seed=0, dist=dist,
+        )  # fmt: skip
+
+    two = step_of(model, Context(rank=0, world=2))(images, labels, epoch=0, batch=0)
+    one = step_of(alone, Context())(images, labels, epoch=0, batch=0)
+    assert gathered == [(2, True)]  # one gather: gradients and terms together
+    assert torch.allclose(two["loss"], one["loss"])
+    for p, q in zip(model.parameters(), alone.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-7)
