@@ -860,3 +860,35 @@ def test_a_seed_one_group_ran_twice_has_no_single_partner():
     found = report.compare(a, [(0, 0.52), (1, 0.63), (2, 0.7)])
     assert found["test"] == "paired: 2 shared seeds (3 unmatched jobs left out)"
     assert report._by_seed(a) == {0: 0.5, 1: 0.6}
+
+
+def test_the_sweepers_setup_and_sweep_run_the_whole_comparison(tmp_path, monkeypatch, caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from hydra_plugins.repro import adaptive_seeds
+
+    made = []
+    launcher = RecordingLauncher(tmp_path, {"lr=0.2": A, "lr=0.1": B})
+
+    def instantiate_launcher(**given):
+        made.append(given)
+        return launcher
+
+    plugins = SimpleNamespace(instantiate_launcher=instantiate_launcher)
+    monkeypatch.setattr(adaptive_seeds.Plugins, "instance", lambda: plugins)
+    sweeper = AdaptiveSeeds("val_acc", round=2, budget=4, target_width=None, confidence=0.95)
+    config = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(tmp_path), "subdir": "${hydra.job.num}"}}}
+    )
+    context = SimpleNamespace(config_loader=None)
+    sweeper.setup(hydra_context=context, task_function=len, config=config)
+    assert made == [{"hydra_context": context, "task_function": len, "config": config}]
+    assert (sweeper.config, sweeper.hydra_context, sweeper.sweep_dir) == (config, context, tmp_path)
+    sweeper.validate_batch_is_legal = lambda batch: None
+    with caplog.at_level(logging.INFO, logger="hydra_plugins.repro.adaptive_seeds"):
+        decision = sweeper.sweep(["trainer.epochs=3", "lr=0.2,0.1"])
+    assert decision["resolved"] and (decision["a"], decision["b"]) == ("lr=0.2", "lr=0.1")
+    assert launcher.batches[0][1][0] == ["trainer.epochs=3", "lr=0.2", "seed.value=0"]
+    (said,) = [r.getMessage() for r in caplog.records if r.name.endswith("adaptive_seeds")]
+    assert said == f"{decision['why']} ({tmp_path / 'adaptive_seeds.json'})"
