@@ -892,3 +892,57 @@ def test_the_sweepers_setup_and_sweep_run_the_whole_comparison(tmp_path, monkeyp
     assert launcher.batches[0][1][0] == ["trainer.epochs=3", "lr=0.2", "seed.value=0"]
     (said,) = [r.getMessage() for r in caplog.records if r.name.endswith("adaptive_seeds")]
     assert said == f"{decision['why']} ({tmp_path / 'adaptive_seeds.json'})"
+
+
+def test_a_look_decides_from_two_seeds_and_names_an_unknown_direction_plainly():
+    rule = Rule("val_margin", round=2, budget=6, target_width=None, confidence=0.95)
+    seen, why = look([1.0, 1.0001], rule)  # two seeds: an interval, here far from 0
+    assert seen["seeds"] == 2 and why.endswith("excludes 0: b gives the higher val_margin")
+    held = [0.01, -0.012, 0.004, -0.002]
+    width = look(held, rule)[0]["ci_high"] - look(held, rule)[0]["ci_low"]
+    exactly = Rule("val_margin", round=2, budget=6, target_width=width, confidence=0.95)
+    assert look(held, exactly)[1] is None  # narrower than, not as narrow as
+    assert AdaptiveSeeds("m", 2, 4, 0.5, 0.9).rule == Rule("m", 2, 4, 0.5, 0.9)
+
+
+def test_a_spent_budget_of_three_looks_reports_the_last(tmp_path):
+    same = {"amp=off": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], "amp=bf16": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
+    sweeper = launched_sweeper(tmp_path / "deep" / "er", same, budget=6)  # folders made
+    seen = []
+    sweeper.validate_batch_is_legal = seen.append
+    decision = sweeper._run()
+    assert [look["seeds"] for look in decision["looks"]] == [2, 4, 6] and decision["seeds"] == 6
+    assert decision["why"].startswith("not resolved: the budget of 6 seeds per config is spent")
+    assert seen == [batch for _, batch in sweeper.launcher.batches]  # each batch checked
+
+
+def test_a_folder_of_another_comparison_or_metric_is_refused_word_for_word(tmp_path):
+    for seed in range(2):
+        for which, config in enumerate(("amp=off", "amp=bf16")):
+            fake_job(tmp_path, 2 * seed + which, ["trainer.epochs=3", config, f"seed.value={seed}"],
+                     seed, val_acc=0.5)  # fmt: skip
+    other = sweeper_over(tmp_path)
+    other.configs = ["amp=off", "amp=fp16"]
+    with pytest.raises(UserError) as refused:
+        other._run()
+    assert str(refused.value) == (
+        f"hydra.sweep.dir={tmp_path}: job 1 there ran trainer.epochs=3 amp=bf16 seed.value=0, not "
+        "trainer.epochs=3 amp=fp16 seed.value=0; give another comparison its own folder"
+    )
+    with pytest.raises(ConfigError) as refused:
+        sweeper_over(tmp_path, metric="val_accuracy")._run()
+    assert str(refused.value) == (
+        "hydra.sweeper.metric='val_accuracy' is not allowed: one of val_acc, val_loss, train_loss, "
+        "wall_s, seed"
+    )
+
+
+def test_a_seed_given_with_the_comparison_is_refused_showing_its_whole_value():
+    from types import SimpleNamespace
+
+    sweeper = AdaptiveSeeds("val_acc", round=2, budget=4, target_width=None, confidence=0.95)
+    sweeper.hydra_context = SimpleNamespace(config_loader=None)
+    with pytest.raises(ConfigError) as refused:
+        sweeper._two_configs(["lr=0.1,0.2", "seed='x=y'"])
+    assert refused.value.value == "'x=y'"
+    assert sweeper._two_configs(["lr=0.1,0.2", "Xseed=3"])[0] == ["Xseed=3"]  # not the seed
