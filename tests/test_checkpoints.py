@@ -604,7 +604,8 @@ def test_a_resume_passes_damaged_checkpoints_and_names_them_but_stops_at_a_forei
     path, state = saver.latest_good(skipped)
     assert path == tmp_path / "step-00000002.pt" and state["position"]["step"] == 2
     assert skipped == [f"{tmp_path / 'last.pt'}: unreadable or truncated (RuntimeError)"]
-    assert f"skipping checkpoint: {skipped[0]}" in caplog.text
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.runs.checkpoint"]
+    assert said == [f"skipping checkpoint: {skipped[0]}"]
     torch.save({"weights": 1}, tmp_path / "step-00000003.pt")  # someone else's file
     with pytest.raises(CheckpointError, match="not a repro checkpoint"):
         saver.latest_good()
@@ -618,3 +619,55 @@ def test_a_resume_passes_damaged_checkpoints_and_names_them_but_stops_at_a_forei
         "train afresh here, or use a new run folder"
     )
     assert Checkpointer(tmp_path / "empty", keep=1).latest_good() is None
+
+
+def test_a_resume_finds_the_step_files_when_last_pt_is_gone(tmp_path):
+    saver = Checkpointer(tmp_path / "a" / "b" / "checkpoints", keep=2)  # folders made on write
+    for step in (1, 2):
+        saver.save(small_state(step), step)
+    saver.wait()
+    (saver.folder / "last.pt").unlink()
+    path, state = saver.latest_good()
+    assert path == saver.folder / "step-00000002.pt" and state["position"]["step"] == 2
+
+
+def test_a_disk_that_fills_while_a_checkpoint_is_written_is_the_disks_error(tmp_path, monkeypatch):
+    from repro.errors import StorageError
+    from repro.runs import faults
+
+    monkeypatch.setattr(faults, "_POINT", "checkpoint")
+    monkeypatch.setattr(faults, "_STEP", "7")
+    monkeypatch.setattr(faults, "_WHAT", "ENOSPC")
+    saver = Checkpointer(tmp_path, keep=2)
+    saver.save(small_state(6), 6)
+    saver.wait()  # another step: written
+    saver.save(small_state(7), 7)
+    with pytest.raises(StorageError) as refused:
+        saver.wait()
+    assert str(refused.value) == (
+        f"cannot write {tmp_path / 'step-00000007.pt'}: No space left on device (ENOSPC)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-00000006.pt"]
+
+
+def test_torch_saves_failed_write_comes_out_as_the_os_error_it_was():
+    import errno
+    import io
+
+    class Full(io.BytesIO):
+        def write(self, data):
+            if self.tell() + len(data) > 64:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
+
+    with pytest.raises(OSError) as refused:
+        checkpoint._save({"w": torch.zeros(1000)}, Full())
+    assert refused.value.errno == errno.ENOSPC
+    checkpoint._save({"w": torch.zeros(1)}, io.BytesIO())  # room enough: no error
+
+
+def test_what_is_not_a_checkpoint_of_ours_is_saved_as_it_is_and_ours_are_sealed(tmp_path):
+    checkpoint.atomic_save([1, 2], tmp_path / "list.pt")
+    assert torch.load(tmp_path / "list.pt", weights_only=True) == [1, 2]
+    with pytest.raises(DamagedCheckpointError):  # no version: today's, which has a digest
+        checkpoint.check_intact({"format": checkpoint.FORMAT, "model": {}}, "p")
