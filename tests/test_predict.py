@@ -274,3 +274,26 @@ def test_restore_refuses_an_unknown_tta_and_runs_fp16_weights_in_full_precision_
     assert restore(ckpt, "cpu").tta == "flip"  # the run's own trainer.tta
     moved = restore(ckpt, "cpu", data_root=str(tmp_path))
     assert moved.cfg.data.root == str(tmp_path) and not moved.model.training
+
+
+def test_each_refusal_of_out_is_word_for_word_and_an_existing_file_needs_overwrite(tmp_path):
+    taken = tmp_path / "taken.csv"
+    taken.write_text("x\n")
+    (tmp_path / "file").write_text("")
+    cases = [
+        ((str(taken),), f"out='{taken}' is not allowed: a file that does not exist yet, or add "
+         "overwrite=true"),
+        ((str(tmp_path),), f"out='{tmp_path}' is not allowed: a file name; this is a folder"),
+        ((str(taken), "yes"), "overwrite='yes' is not allowed: true or false"),
+        ((str(tmp_path / "file" / "p.csv"),), f"out='{tmp_path / 'file' / 'p.csv'}' is not "
+         f"allowed: a file in a folder that can be made ({tmp_path / 'file'} is not a writable "
+         "folder)"),
+    ]  # fmt: skip
+    for args, message in cases:
+        with pytest.raises(ConfigError) as refused:
+            output_file(*args)
+        assert str(refused.value) == message
+    assert output_file(str(taken), True) == taken
+    write_result(taken, "y\n")
+    write_result(taken, "z\n")  # its folder exists already
+    assert taken.read_text() == "z\n"
