@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import logging
 import time
 
 import pytest
+import timm
 import torch
+from safetensors.torch import save_file
 
 from repro import evaluate
 from repro.engine.evaluation import evaluate as evaluate_batches
@@ -38,6 +41,47 @@ def test_best_pt_holds_the_best_evaluation_and_the_test_split_is_evaluated(tmp_p
     assert again["acc"] == summary["best_val_acc"] and again["step"] == summary["best_step"]
     tested = evaluate.evaluate_checkpoint(tmp_path / "checkpoints" / "best.pt", split="test")
     assert tested["acc"] == summary["test_acc"] and tested["loss"] == summary["test_loss"]
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        # the model's own size: data's resize scaled to it; the evaluation flips
+        [
+            "data.resize=36",
+            "model.image_size=16",
+            "model.interpolation=bicubic",
+            "trainer.tta=flip",
+        ],
+        # data's size and no resize: image files of any size are resized all the same
+        ["data.resize=null", "model.image_size=32", "trainer.tta=none"],
+    ],
+)
+def test_the_test_split_is_evaluated_as_validation_is(sizes, image_tree, tmp_path, caplog):
+    """Without test/, val/ stands in for it: the test after training must then report what the
+    last validation did, with the same objective, metrics and flips, and the model's own
+    normalisation (a pretrained model's image size, resize, mean and std, not data's)."""
+    weights = tmp_path / "test_resnet.safetensors"
+    torch.manual_seed(3)
+    save_file(timm.create_model("test_resnet", num_classes=5).state_dict(), str(weights))
+    caplog.set_level(logging.INFO, logger="repro.runs.final_test")
+    summary = train_in_process(
+        tmp_path / "run", "data=imagefolder", f"data.root={image_tree}", "data.image_size=32",
+        *sizes, "model=timm", "model.name=test_resnet", f"model.pretrained={weights}",
+        "trainer.batch_size=12", "trainer.eval_batch_size=16",
+        "trainer.epochs=1", "dataloader=debug", "logger.plot=false", "trainer.test_weights=last",
+        "objective.label_smoothing=0.2", "metrics=[f1,confusion_matrix]",
+    )  # fmt: skip
+    assert summary["normalisation"]["mean"] != list(compose_config("data=imagefolder").data.mean)
+    (last,) = rows(tmp_path / "run")[-1:]
+    for name in ("loss", "acc", "f1"):
+        assert summary[f"test_{name}"] == pytest.approx(float(last[f"val_{name}"]), abs=1e-6)
+    matrix = json.loads((tmp_path / "run" / "summary.json").read_text())["test_confusion_matrix"]
+    assert sum(map(sum, matrix)) == 3 * 12  # every val image, counted once
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    assert said == (
+        f"test (last weights) | loss {summary['test_loss']:.4f} acc {summary['test_acc']:.4f}"
+    )
 
 
 def test_a_loss_monitor_keeps_the_lowest_loss(tmp_path):
