@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from repro.errors import UserError
 from repro.resume import command as resume
@@ -385,3 +386,319 @@ def test_a_sweeps_unfinished_jobs_are_listed_relaunched_and_its_record_kept(
     assert (mode, folder) == ("MULTIRUN", f"hydra.sweep.dir={sweep.absolute()}")
     assert run.task == ["seed.value=0,1,2"] and not (sweep / "1" / "error.txt").exists()
     assert json.loads((sweep / "multirun.yaml").read_text()) == multirun
+
+
+# ---- the unit: what a folder recorded of its environment, against this checkout ---------------
+
+
+def record_attempts(folder: Path, *records: dict, summary: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    if records:
+        (folder / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def short_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_the_recorded_environment_is_the_last_attempts_with_its_commit_and_patch(tmp_path):
+    run = record_attempts(
+        tmp_path / "run",
+        {"env": {"torch": "0.1"}, "git_commit": "first"},
+        {"env": {"torch": "2.0", "git_commit": "env's"}, "git_commit": "abc", "source_patch": "p"},
+        summary={"env": {"torch": "summary's"}},
+    )  # fmt: skip
+    (run / "p").write_text("a patch\n")
+    assert resume._recorded_environment(run) == {
+        "torch": "2.0", "git_commit": "abc", "source_patch_sha256": short_digest("a patch\n"),
+    }  # fmt: skip
+    # An attempt without the commit: the environment's; a patch named but gone: no digest.
+    (run / "p").unlink()
+    record_attempts(run, {"env": {"torch": "2.0", "git_commit": "env's"}, "source_patch": "p"})
+    assert resume._recorded_environment(run) == {
+        "torch": "2.0", "git_commit": "env's", "source_patch_sha256": None,
+    }  # fmt: skip
+
+
+def test_an_attempt_without_an_environment_takes_the_summarys_and_no_record_is_none(tmp_path):
+    older = record_attempts(
+        tmp_path / "older", {"git_commit": "abc"}, summary={"env": {"torch": "1.0"}}
+    )
+    assert resume._recorded_environment(older) == {
+        "torch": "1.0", "git_commit": "abc", "source_patch_sha256": None,
+    }  # fmt: skip
+    bare = record_attempts(tmp_path / "bare", {"git_commit": "abc"})
+    assert resume._recorded_environment(bare) == {"git_commit": "abc", "source_patch_sha256": None}
+    only_summary = record_attempts(tmp_path / "summary", summary={"env": {"git_commit": "s"}})
+    assert resume._recorded_environment(only_summary) == {
+        "git_commit": "s", "source_patch_sha256": None,
+    }  # fmt: skip
+    assert resume._recorded_environment(record_attempts(tmp_path / "empty")) is None
+    assert resume._digest("") is None and resume._digest("x") == short_digest("x")
+
+
+def test_environment_changes_list_each_difference_from_this_checkout_once(tmp_path, monkeypatch):
+    from repro.runtime import environment
+
+    # A checkout with local changes: the recorded patch is compared with this one.
+    monkeypatch.setattr(environment, "source_patch", lambda *_: "local changes")
+    now = environment.describe(torch.device("cpu"))
+    same = {"git_commit": now["git_commit"], "source_patch": "p"}
+    # No device recorded (an older run): the CPU. The hash seed and thread count are the
+    # relaunch's own, never a difference.
+    first = record_attempts(
+        tmp_path / "first",
+        {"env": {"python": "0.0", "pythonhashseed": "12345", "num_threads": 77}, **same},
+    )  # fmt: skip
+    (first / "p").write_text("local changes")
+    # A CUDA run, with no GPU here: compared with this CPU; another patch.
+    second = record_attempts(
+        tmp_path / "second", {"env": {"device": "cuda", "python": "0.0"}, **same}
+    )
+    (second / "p").write_text("other changes")
+    python = f"python: '0.0' recorded, {now['python']!r} now"
+    assert resume.environment_changes([first]) == [python]
+    assert resume.environment_changes([first, second]) == [
+        python,
+        "device: 'cuda' recorded, 'cpu' now (changes floating-point results)",
+        f"source_patch_sha256: {short_digest('other changes')!r} recorded, "
+        f"{short_digest('local changes')!r} now",
+    ]
+
+
+# ---- the unit: a sweep's jobs, re-expanded from its record ------------------------------------
+
+BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_record(params: dict | None = None, task=(), target: str = BASIC) -> dict:
+    return {"sweeper": {"_target_": target, "params": params}, "overrides": {"task": list(task)}}
+
+
+def test_a_sweeps_jobs_are_its_sweepers_params_crossed_with_its_command_line(tmp_path):
+    jobs = resume.sweep_jobs(tmp_path, sweep_record({"seed.value": "0,1"}, ["trainer.epochs=3"]))
+    assert [(j.num, j.overrides, j.folder, j.state) for j in jobs] == [
+        (0, ["seed.value=0", "trainer.epochs=3"], None, "never started"),
+        (1, ["seed.value=1", "trainer.epochs=3"], None, "never started"),
+    ]
+
+
+def test_a_sweep_record_that_cannot_be_resumed_is_one_line_saying_why(tmp_path):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from repro.errors import DataError
+    from repro.runs.trust import UntrustedConfigError
+
+    record = tmp_path / "multirun.yaml"
+    optuna = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    with pytest.raises(DataError) as refused:
+        resume.sweep_jobs(tmp_path, sweep_record(target=optuna))
+    assert str(refused.value) == (
+        f"{tmp_path}: its sweeper is {optuna}, whose jobs depend on earlier results; resume "
+        "re-expands only the basic sweeper's grid: run the search's command again "
+        "(hydra/sweeper=optuna_study continues its study)"
+    )
+    # The sweeper's own params are checked as the command line's are, naming the record.
+    code = sweep_record({"model._target_": "os.system"})
+    with pytest.raises(UntrustedConfigError) as refused:
+        resume.sweep_jobs(tmp_path, code)
+    assert str(refused.value).startswith(
+        f"{record}: the recorded override 'model._target_=os.system' is refused"
+    )
+    assert [j.overrides for j in resume.sweep_jobs(tmp_path, code, trusted=True)] == [
+        ["model._target_=os.system"]
+    ]
+    with pytest.raises(HydraException) as parsing:
+        OverridesParser.create().parse_overrides(["seed.value=[1,"])
+    with pytest.raises(DataError) as refused:
+        resume.sweep_jobs(tmp_path, sweep_record(task=["seed.value=[1,"]))
+    reason = str(parsing.value).strip().splitlines()[0]
+    assert str(refused.value) == f"{record}: cannot expand it: {reason}"
+    # A folder of another sweep, numbered as one of this sweep's jobs.
+    recorded_run(tmp_path / "0", "MULTIRUN", 0, ["seed.value=7"])
+    with pytest.raises(DataError) as refused:
+        resume.sweep_jobs(tmp_path, sweep_record({"seed.value": "0,1"}))
+    assert str(refused.value) == (
+        f"{tmp_path / '0'}: not job 0 of multirun.yaml (another sweep went here)"
+    )
+
+
+def fake_sweep(sweep: Path, task: list[str], started: dict[int, bool], params=None) -> list:
+    """A sweep folder as Hydra and repro leave it, without training: multirun.yaml, and for each
+    started job (its number: whether it completed) its Hydra record, summary and attempts,
+    the first recording the hash seed 42. Returns the sweep's jobs."""
+    record = recorded_run(sweep, "MULTIRUN", 0)
+    shutil.rmtree(sweep / ".hydra")
+    hydra = {**record, "sweeper": {"_target_": BASIC, "params": params}}
+    hydra["overrides"] = {"hydra": [], "task": task}
+    (sweep / "multirun.yaml").write_text(json.dumps({"hydra": hydra}))
+    jobs = resume.sweep_jobs(sweep, hydra, trusted=True)
+    for num, completed in started.items():
+        folder = sweep / str(num)
+        recorded_run(folder, "MULTIRUN", num, jobs[num].overrides)
+        scores = dict.fromkeys(("val_acc", "val_loss", "test_acc", "test_loss"), 0.5)
+        (folder / "summary.json").write_text(json.dumps({"completed": completed, **scores}))
+        result = "completed" if completed else "stopped"
+        record_attempts(folder, {"env": {"pythonhashseed": "42"}, "result": result})
+    return jobs
+
+
+def test_a_sweep_is_refused_on_a_changed_environment_then_relaunched_with_its_hash_seed(
+    tmp_path, relaunched, capsys
+):
+    sweep = tmp_path / "sweep"
+    # 0 complete, 1 stopped without an error.txt, 2 and 3 never started; two keys vary.
+    jobs = fake_sweep(sweep, ["seed.value=0,1", "trainer.epochs=1,2"], {0: True, 1: False})
+    with pytest.raises(UserError) as refused:  # the records name no commit: this one differs
+        resume.resume_sweep(sweep, force=False)
+    assert str(refused.value).startswith(
+        f"{sweep}: the code or environment differs from the one its runs recorded ("
+    )
+    assert relaunched == []
+    assert resume.resume_sweep(sweep, force=True) == 0
+    out = capsys.readouterr().out
+    assert f"{sweep}: 1 of 4 jobs complete; to run:\n" in out
+    for job in jobs[1:]:
+        state = "stopped" if job.num == 1 else "never started"
+        assert f"  job {job.num} ({state}): {' '.join(job.overrides)}\n" in out
+    ((_, _, run),) = relaunched
+    assert run.hash_seed == "42" and run.task == ["seed.value=0,1", "trainer.epochs=1,2"]
+    # The multirun writes the report; resume writes it only when the multirun failed.
+    assert not (sweep / "sweep_summary.json").exists()
+
+
+def test_a_failed_relaunch_or_a_finished_sweep_gets_its_report_written(
+    tmp_path, monkeypatch, capsys
+):
+    sweep = tmp_path / "sweep"
+    fake_sweep(sweep, ["seed.value=0,1"], {0: True, 1: True})
+    assert resume.resume_sweep(sweep, force=True) == 0
+    assert (
+        capsys.readouterr().out == f"complete: all 2 jobs of {sweep} are done; report rewritten\n"
+    )
+    assert json.loads((sweep / "sweep_summary.json").read_text())["sweep_dir"] == str(sweep)
+    (sweep / "sweep_summary.json").unlink()
+    (sweep / "1" / "summary.json").write_text(json.dumps({"completed": False}))
+    monkeypatch.setattr(resume, "_relaunch", lambda *_: 3)
+    assert resume.resume_sweep(sweep, force=True) == 3
+    assert (sweep / "sweep_summary.json").is_file()
+
+
+def test_a_sweeps_params_that_name_code_run_only_when_trusted(tmp_path, relaunched):
+    from repro.runs.trust import UntrustedConfigError
+
+    sweep = tmp_path / "sweep"
+    params = {"+model.note._target_": "os.getcwd"}
+    fake_sweep(sweep, ["seed.value=0"], {}, params=params)
+    with pytest.raises(UntrustedConfigError) as refused:
+        resume.resume_sweep(sweep, force=True)
+    assert str(refused.value).startswith(f"{sweep / 'multirun.yaml'}: the recorded override")
+    assert relaunched == []
+    assert resume.resume_sweep(sweep, force=True, trusted=True) == 0 and len(relaunched) == 1
+
+
+def test_a_sweep_whose_first_job_does_not_compose_is_one_line(tmp_path, relaunched):
+    from repro.errors import DataError
+
+    sweep = tmp_path / "sweep"
+    fake_sweep(sweep, ["model=no_such_model,small_cnn"], {})
+    with pytest.raises(DataError) as refused:
+        resume.resume_sweep(sweep, force=True)
+    assert str(refused.value).startswith(
+        f"{sweep / 'multirun.yaml'}: its overrides do not compose in this checkout: "
+    )
+    assert "no_such_model" in str(refused.value) and relaunched == []
+
+
+@pytest.mark.parametrize(
+    ("switches", "force", "trust"),
+    [
+        ([], False, False),
+        (["force=true"], True, False),
+        (["trust=true", "force=false"], False, True),
+    ],
+)
+def test_the_commands_switches_reach_the_run_or_sweep_it_resumes(
+    tmp_path, monkeypatch, switches, force, trust
+):
+    calls = []
+
+    def recorder(kind: str, code: int):
+        return lambda path, force, trusted: calls.append((kind, path, force, trusted)) or code
+
+    monkeypatch.setattr(resume, "resume_run", recorder("run", 5))
+    monkeypatch.setattr(resume, "resume_sweep", recorder("sweep", 6))
+    run, sweep = hydra_record(tmp_path / "run", "RUN"), tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("")
+    assert resume_in_process(str(run), *switches) == 5  # the resume's exit status
+    assert resume_in_process(str(sweep), *switches) == 6
+    assert calls == [("run", run, force, trust), ("sweep", sweep, force, trust)]
+
+
+def test_a_record_failing_without_a_message_is_named_by_its_error(tmp_path, monkeypatch, capsys):
+    def unreadable(*_):
+        raise KeyError()
+
+    monkeypatch.setattr(resume, "resume_run", unreadable)
+    run = hydra_record(tmp_path / "run", "RUN")
+    assert resume_in_process(str(run)) == 2
+    assert capsys.readouterr().err == (
+        f"error: {run}: its records are damaged or not repro's (KeyError)\n"
+    )
+
+
+def test_a_runs_record_is_checked_naming_the_file_it_came_from(tmp_path, relaunched):
+    from repro.errors import DataError
+    from repro.runs.trust import UntrustedConfigError
+
+    # No attempts.jsonl (an older run): the command line Hydra recorded.
+    old = tmp_path / "old"
+    recorded_run(old, task=["+model.note._target_=os.getcwd"])
+    with pytest.raises(UntrustedConfigError) as refused:
+        resume.resume_run(old, force=True)
+    assert str(refused.value).startswith(f"{old / '.hydra/hydra.yaml'}: the recorded override")
+    assert resume.resume_run(old, force=True, trusted=True) == 0 and len(relaunched) == 1
+    # The last attempt's overrides, which an extension may have changed.
+    run = tmp_path / "run"
+    recorded_run(run, task=["seed.value=1"])
+    record_attempts(run, {"overrides": ["model=no_such_model"], "result": "stopped"})
+    with pytest.raises(DataError) as refused:
+        resume.resume_run(run, force=True)
+    assert str(refused.value).startswith(
+        f"{run / 'attempts.jsonl'}: its overrides do not compose in this checkout: "
+    )
+    assert len(relaunched) == 1
+
+
+def test_the_relaunch_keeps_this_environment_and_flushes_its_line_before_the_child_runs(
+    monkeypatch,
+):
+    import io
+
+    from repro.resume.overrides import Relaunch
+
+    class Recording(io.StringIO):
+        flushed = ""
+
+        def flush(self):
+            self.flushed = self.getvalue()
+
+    out, seen = Recording(), []
+
+    def run(command, env, check):
+        seen.append((out.flushed, env))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(resume.subprocess, "run", run)
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setenv("REPRO_KEPT", "yes")
+    recorded = {"mode": "RUN"}  # no runtime record: nothing to say about where it started
+    assert resume._relaunch(recorded, "hydra.run.dir=/r", Relaunch("config", [], [], None)) == 0
+    ((flushed, env),) = seen
+    assert flushed == "running: python -m repro.train --config-name=config hydra.run.dir=/r\n"
+    assert env["REPRO_KEPT"] == "yes" and env["PYTHONSAFEPATH"] == "1"
