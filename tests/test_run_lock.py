@@ -4,8 +4,11 @@ unharmed, and a SIGKILLed owner never blocks its resume."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -272,6 +275,8 @@ malformed line without its separator
 )  # fmt: skip
 def test_the_deepest_mount_holding_a_folder_decides_whether_its_locks_are_shared(folder, option):
     assert run_lock.host_only_locks(Path(folder), MORE_MOUNTS) == option
+    root = "1 0 0:1 / / rw - nfs4 server:/ rw,local_lock=all\n"  # the whole tree on NFS
+    assert run_lock.host_only_locks(Path("/work/run"), root) == "local_lock=all"
     earlier = MORE_MOUNTS.rsplit("\n", 2)[0]  # without the last mount over /cluster/all
     assert run_lock.host_only_locks(Path("/cluster/all"), earlier) == "local_lock=all"
 
@@ -288,7 +293,10 @@ def test_a_claim_makes_its_folder_and_a_lock_file_of_one_line_readable_by_all(tm
         os.umask(previous)
     try:
         text = (folder / run_lock.LOCK_FILE).read_text()
-        assert text.count("\n") == 1 and text.startswith('{"pid": ') and "x" not in text
+        record = json.loads(text)
+        assert text == json.dumps(record) + "\n" and list(record) == ["pid", "host", "since"]
+        assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", record["since"])
         assert (deeper / run_lock.LOCK_FILE).stat().st_mode & 0o777 == 0o644
     finally:
         run_lock.release(folder)
