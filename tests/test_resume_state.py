@@ -84,8 +84,16 @@ def test_an_old_records_layout_is_upgraded_to_todays_and_the_record_left_alone()
     assert resume.upgrade(today) == {"data": {"_target_": "d.b", "name": "n"},
                                      "objective": {"_target_": "o"}, "trainer": {}, "model": {}}  # fmt: skip
     assert resume.upgrade({"trainer": {}})["objective"]["label_smoothing"] == 0.0
-    not_ours = {"trainer": [1], "data": {"name": "x"}}
-    assert resume.upgrade(not_ours) == not_ours
+    for section in ("trainer", "data", "model", "components"):
+        not_ours = {section: [1], "data": {"name": "x"}} if section != "data" else {"data": [1]}
+        assert resume.upgrade(not_ours) == not_ours, section
+    # lookahead's decay and ramp as they were before they were recorded; no components yet
+    older = {"trainer": {"lookahead_every": 4}, "data": {}, "model": {}}
+    assert resume.upgrade(older)["components"] == {
+        "lookahead": {"_target_": resume.LOOKAHEAD, "every": 4, "decay": 0.5, "ramp": "constant"}
+    }
+    older["trainer"]["lookahead_ramp"] = "linear"
+    assert resume.upgrade(older)["components"]["lookahead"]["ramp"] == "linear"
 
 
 def test_a_config_recorded_before_a_key_existed_gets_its_declared_value():
@@ -127,7 +135,10 @@ def test_the_checkpoint_to_resume_from_and_what_the_attempt_records_of_it(tmp_pa
     assert resume.provenance(given, run_dir)["resumed_from"] == str(elsewhere)
     assert resume.provenance(None, run_dir) == {"resumed_from": None, "skipped_checkpoints": []}
     assert resume.find("auto", Checkpointer(tmp_path / "empty", keep=2)) is None
+    (run_dir / "checkpoints" / "last.pt").unlink()  # a step file may share its inode
     (run_dir / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04 torn")
+    passed_over = resume.find("auto", saver)["skipped"]  # the step file found, last.pt named
+    assert len(passed_over) == 1 and "last.pt" in passed_over[0]
     for step_file in saver.step_files():
         step_file.unlink()
     with pytest.raises(checkpoint.CheckpointError) as refused:
@@ -236,3 +247,36 @@ def test_the_data_must_be_the_one_the_checkpoint_trained_on():
     many = [f"c{i}" for i in range(8)]
     assert resume._listed(many) == "[c0, c1, c2, c3, c4, c5, ... (8 in all)]"
     assert resume._listed(many[:6]) == "[c0, c1, c2, c3, c4, c5]"
+    assert resume._listed(many[:7]) == "[c0, c1, c2, c3, c4, c5, ... (7 in all)]"
+
+
+def test_a_class_count_left_to_the_data_matches_the_count_a_checkpoint_stored():
+    from omegaconf import OmegaConf
+
+    from repro.runs import checkpoint, resume
+
+    cfg = compose_config(*tiny())
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    resume._check_config(saved, cfg, classes=10)
+    inferred = compose_config(*tiny("data.num_classes=null", "model.num_classes=null"))
+    resume._check_config(saved, inferred, classes=10)  # null now: what the data says, 10
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume._check_config(saved, compose_config(*tiny("data.num_classes=5")), classes=10)
+    assert "data.num_classes: 10 -> 5" in str(refused.value)
+    two = compose_config(*tiny("data.num_classes=5", "model.num_classes=5"))
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        resume._check_config(saved, two, classes=10)
+    assert str(refused.value) == (
+        "the config differs from the checkpoint's in 2 key(s) that change results "
+        "(data.num_classes: 10 -> 5; model.num_classes: 10 -> 5); use a new run folder, or set "
+        "them back"
+    )
+
+
+def test_truncating_the_logs_starts_no_tensorboard_writer(tmp_path):
+    from repro.runs import resume
+
+    (tmp_path / "metrics.csv").write_text("step,loss\n1,2.0\n2,1.0\n")
+    resume.truncate_logs(tmp_path, 1)
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1,2.0\n"
+    assert not (tmp_path / "tb").exists()
