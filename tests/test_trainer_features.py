@@ -548,3 +548,116 @@ def test_a_checkpoint_of_another_world_size_resumes_only_when_world_invariant():
     invariant.load_state_dict(state)
     assert invariant.state.position.step == 7 and invariant.state.last_eval["val_acc"] == 0.5
     assert torch.equal(invariant.model.weight, written.model.weight)
+
+
+class _Counting:
+    """A callback with state: the steps it saw."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def after_step(self, loop) -> None:
+        self.steps += 1
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
+def test_a_checkpoint_restores_the_best_value_the_stop_and_the_callbacks_state():
+    from repro.callbacks import Callbacks
+    from repro.engine.position import Best
+
+    written, _ = bare_loop()
+    written.callbacks = Callbacks({"count": _Counting()})
+    written.callbacks.get("count").steps = 5
+    written.state.best = Best(value=0.25, step=4, stale=2)
+    written.state.stopped_early, written.state.stop_reason = True, "enough"
+    state = written.state_dict()
+    resumed, _ = bare_loop()
+    resumed.callbacks = Callbacks({"count": _Counting()})
+    resumed.load_state_dict(state)
+    assert vars(resumed.state.best) == {"value": 0.25, "step": 4, "stale": 2}
+    assert (resumed.state.stopped_early, resumed.state.stop_reason) == (True, "enough")
+    assert resumed.callbacks.get("count").steps == 5
+    # A checkpoint written before these were kept: a run that never stopped, nothing best yet.
+    older = {k: v for k, v in state.items() if k not in ("best", "stopped_early", "stop_reason",
+                                                         "callbacks")}  # fmt: skip
+    fresh, _ = bare_loop()
+    fresh.callbacks = Callbacks({"count": _Counting()})
+    fresh.load_state_dict(older)
+    assert vars(fresh.state.best) == vars(Best())
+    assert (fresh.state.stopped_early, fresh.state.stop_reason) == (False, None)
+    assert fresh.callbacks.get("count").steps == 0
+
+
+@pytest.mark.parametrize(("rank", "values", "written"), [(0, [1.5, 2.5], True), (0, [], False),
+                                                          (1, [1.5, 2.5], False)])  # fmt: skip
+def test_flushed_losses_are_logged_by_rank_0_from_the_step_of_the_first(rank, values, written):
+    from types import SimpleNamespace
+
+    from repro.runtime.distributed import Context
+
+    loop, _ = bare_loop()
+    loop.dist = Context(rank=rank, world=2)
+    loop.state.position.step = 7
+    asked, logged = [], []
+    loop.losses = SimpleNamespace(flush=lambda position, model: asked.append(position) or values)
+    loop.outputs.metrics = SimpleNamespace(
+        losses=lambda first, values: logged.append((first, values))
+    )
+    loop.flush_losses()
+    assert asked == [loop.state.position]
+    assert logged == ([(6, [1.5, 2.5])] if written else [])
+
+
+def test_a_step_is_told_its_place_and_an_evaluation_keeps_no_predictions_unless_asked(
+    monkeypatch,
+):
+    from types import SimpleNamespace
+
+    from repro.engine import loop as loop_module
+
+    loop, _ = bare_loop()
+    loop.state.position.epoch, loop.state.position.batch = 3, 9
+    places = []
+    loop.step = lambda images, labels, epoch, batch: places.append((epoch, batch)) or {}
+    loop.train_step(torch.zeros(1), torch.zeros(1))
+    assert places == [(3, 9)]
+    asked = {}
+
+    def evaluate(*args, **kwargs):
+        asked.update(kwargs, dist=args[5])
+        return {}
+
+    monkeypatch.setattr(loop_module, "evaluate", evaluate)
+    loop.val_batches = SimpleNamespace(take=lambda count: [])
+    loop.data = SimpleNamespace(val_loader=[], to_device=None)
+    loop.knobs.memory_format = SimpleNamespace(batch=None)
+    loop.objective, loop.scores = "objective", "scores"
+    loop.evaluate(loop.model)
+    assert asked["keep_predictions"] is False and asked["dist"] is loop.dist
+    assert (asked["objective"], asked["scores"]) == ("objective", "scores")
+
+
+def test_each_step_passes_its_fault_point_and_losses_are_hashed_at_their_cadence(
+    tmp_path, monkeypatch
+):
+    from repro.engine import loop as loop_module
+    from repro.runs.fingerprint_log import FingerprintLog
+
+    points = []
+    monkeypatch.setattr(
+        loop_module.faults,
+        "point",
+        lambda name, step, settle=None: points.append((name, step, settle)),
+    )
+    train_in_process(tmp_path, *tiny("logger.fingerprint_every_steps=2", "trainer.epochs=1"))
+    steps = [(step, settle) for name, step, settle in points if name == "step"]
+    assert [step for step, _ in steps] == list(range(1, 7))  # the checkpoints' points aside
+    assert all(callable(settle) for _, settle in steps)
+    rows = FingerprintLog.of_run(tmp_path).read()
+    assert [r.step for r in rows] == list(range(1, 7))
+    assert [r.step for r in rows if r.weights_sha256] == [2, 4, 6]
