@@ -509,6 +509,12 @@ def test_a_better_value_writes_best_pt_and_patience_stops_the_run(monkeypatch):
     assert saved == [1, 2] and loop.state.best.step == 2
     assert loop.state.stopped_early
     assert loop.state.stop_reason == "trainer.patience: 2 evaluations without a better val_loss"
+    rising, saved = bare_loop(monitor="val_acc", monitor_mode="max")
+    monkeypatch.setattr(rising, "state_dict", lambda: {"whole": "state"})
+    for step, value in ((1, 0.5), (2, 0.4), (3, 0.6)):
+        rising.state.position.step, rising.state.last_eval = step, {"val_acc": value}
+        rising._track_best()
+    assert saved == [1, 3] and rising.state.best.value == 0.6
     quiet, kept = bare_loop(save_checkpoints=False)
     quiet.state.last_eval = {"val_acc": 0.5}
     quiet._track_best()
