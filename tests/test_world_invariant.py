@@ -132,22 +132,29 @@ def test_running_statistics_follow_batchnorms_own_update_one_micro_batch_at_a_ti
     torch.manual_seed(0)
     for momentum in (0.1, None):  # None: BatchNorm's cumulative average
         ours = torch.nn.Sequential(torch.nn.BatchNorm2d(3, momentum=momentum),
-                                   torch.nn.BatchNorm1d(4, momentum=momentum))  # fmt: skip
-        ours[1].eval()  # a layer in eval mode keeps its statistics
+                                   torch.nn.BatchNorm1d(4, momentum=momentum),
+                                   torch.nn.BatchNorm1d(2, momentum=momentum))  # fmt: skip
+        ours[1].eval()  # a layer in eval mode keeps its statistics; the one after it does not
         reference = torch.nn.BatchNorm2d(3, momentum=momentum)
+        last = torch.nn.BatchNorm1d(2, momentum=momentum)
         norms = BatchNormStatistics(ours)
         batches = [torch.randn(5, 3, 4, 4) * 3 + 1 for _ in range(3)]
         for x in batches:
+            z = torch.randn(7, 2) * 2 - 1
             with norms:
                 ours[0](x)
                 ours[1](torch.randn(6, 4))
+                ours[2](z)
             assert ours[0].track_running_stats and ours[0].running_mean.abs().sum() == 0
             reference(x)
-        assert len(norms.pending) == 3 and norms.pending[0].shape == (2 * 3 + 2 * 4,)
+            last(z)
+        assert len(norms.pending) == 3 and norms.pending[0].shape == (2 * 3 + 2 * 4 + 2 * 2,)
         norms.apply(torch.stack(norms.pending))
         assert torch.allclose(ours[0].running_mean, reference.running_mean, atol=1e-6)
         assert torch.allclose(ours[0].running_var, reference.running_var, atol=1e-5)
-        assert ours[0].num_batches_tracked.item() == 3
+        assert torch.allclose(ours[2].running_mean, last.running_mean, atol=1e-6)
+        assert torch.allclose(ours[2].running_var, last.running_var, atol=1e-5)
+        assert ours[0].num_batches_tracked.item() == 3 == ours[2].num_batches_tracked.item()
         assert ours[1].num_batches_tracked.item() == 0
         assert ours[1].running_mean.abs().sum() == 0 and torch.equal(
             ours[1].running_var, torch.ones(4)
