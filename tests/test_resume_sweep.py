@@ -599,6 +599,13 @@ def test_a_sweeps_params_that_name_code_run_only_when_trusted(tmp_path, relaunch
     assert str(refused.value).startswith(f"{sweep / 'multirun.yaml'}: the recorded override")
     assert relaunched == []
     assert resume.resume_sweep(sweep, force=True, trusted=True) == 0 and len(relaunched) == 1
+    # The same on the command line the sweep recorded.
+    by_task = tmp_path / "by_task"
+    fake_sweep(by_task, ["+model.note._target_=os.getcwd"], {})
+    with pytest.raises(UntrustedConfigError) as refused:
+        resume.resume_sweep(by_task, force=True)
+    assert str(refused.value).startswith(f"{by_task / 'multirun.yaml'}: the recorded override")
+    assert resume.resume_sweep(by_task, force=True, trusted=True) == 0 and len(relaunched) == 2
 
 
 def test_a_sweep_whose_first_job_does_not_compose_is_one_line(tmp_path, relaunched):
