@@ -104,6 +104,33 @@ def save_as_from_a_gpu(obj: Any, path: Path) -> None:
         serialization._package_registry.remove(entry)
 
 
+def save_test_resnet(file: Path, num_classes: int = 5) -> Path:
+    """Weights of timm's small test network (its own normalisation: mean and std 0.5), seeded,
+    saved as safetensors: a "pretrained" model that needs no download."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    save_file(timm.create_model("test_resnet", num_classes=num_classes).state_dict(), str(file))
+    return file
+
+
+class StepCounter:
+    """A callback with one hook and state: the steps it saw."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def after_step(self, loop: Any) -> None:
+        self.steps += 1
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
 def draw_shape(kind: str, height: int, width: int, rng: np.random.Generator) -> Image.Image:
     """A bright circle, a bright vertical bar or nothing, on a dim background of random shade."""
     pixels = np.full((height, width, 3), rng.integers(40, 90), dtype=np.uint8)

@@ -6,16 +6,14 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-import timm
 import torch
-from safetensors.torch import save_file
 
 from repro import build
 from repro.engine import assembly
 from repro.runs.checkpoint import Checkpointer
 from repro.runtime.distributed import Context
 
-from conftest import compose_config, tiny
+from conftest import compose_config, save_test_resnet, tiny
 
 SMALL = tiny("data.train_size=64", "data.val_size=32", "data.test_size=32", "trainer.batch_size=32")
 SEED = 11
@@ -35,9 +33,7 @@ def assembled(*overrides: str, initialise: bool | None = None):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     """timm's small test network, its own normalisation: mean and std 0.5, 160 pixels."""
-    torch.manual_seed(3)
-    file = tmp_path_factory.mktemp("weights") / "test_resnet.safetensors"
-    save_file(timm.create_model("test_resnet", num_classes=10).state_dict(), str(file))
+    file = save_test_resnet(tmp_path_factory.mktemp("weights") / "test_resnet.safetensors", 10)
     return [
         "model=timm", "model.name=test_resnet", f"model.pretrained={file}",
         "model.image_size=16", "memory_format=contiguous",

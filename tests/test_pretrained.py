@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import timm
 import torch
-from safetensors.torch import save_file
 from torch.nn import functional
 
 from repro import build
@@ -18,7 +17,14 @@ from repro.errors import ConfigError
 from repro.evaluate import evaluate_checkpoint
 from repro.runs.checkpoint import load
 
-from conftest import compose_config, draw_shape, make_image_tree, run_cli, train_in_process
+from conftest import (
+    compose_config,
+    draw_shape,
+    make_image_tree,
+    run_cli,
+    save_test_resnet,
+    train_in_process,
+)
 
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
@@ -78,10 +84,7 @@ def test_timm_resnet18_from_a_local_file_gets_a_3_class_head_and_beats_random_we
 @pytest.fixture(scope="module")
 def test_resnet_file(tmp_path_factory) -> Path:
     """Weights of timm's small test network with a 5-class head."""
-    torch.manual_seed(3)
-    file = tmp_path_factory.mktemp("weights") / "test_resnet.safetensors"
-    save_file(timm.create_model("test_resnet", num_classes=5).state_dict(), str(file))
-    return file
+    return save_test_resnet(tmp_path_factory.mktemp("weights") / "test_resnet.safetensors")
 
 
 def test_the_models_own_normalisation_is_used_recorded_and_overridable(

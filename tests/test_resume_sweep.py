@@ -285,9 +285,14 @@ def test_a_damaged_record_is_one_line_naming_the_folder(tmp_path, capsys):
 # ---- resume_run and resume_sweep in-process, the relaunch replaced by a recording -----------
 
 
+def hydra_config(folder: Path, mode: str = "RUN", num: int = 0, task=()) -> dict:
+    """What Hydra records of a run or a sweep's job, reduced to what resume reads."""
+    return {"mode": mode, "job": {"num": num, "config_name": "config"},
+            "overrides": {"hydra": [], "task": list(task)}, "runtime": {"cwd": str(folder)}}  # fmt: skip
+
+
 def recorded_run(folder: Path, mode: str = "RUN", num: int = 0, task=()) -> dict:
-    record = {"mode": mode, "job": {"num": num, "config_name": "config"},
-              "overrides": {"hydra": [], "task": list(task)}, "runtime": {"cwd": str(folder)}}  # fmt: skip
+    record = hydra_config(folder, mode, num, task)
     (folder / ".hydra").mkdir(parents=True, exist_ok=True)
     (folder / ".hydra" / "hydra.yaml").write_text(json.dumps({"hydra": record}))
     (folder / ".hydra" / "overrides.yaml").write_text(json.dumps(list(task)))
@@ -531,9 +536,8 @@ def fake_sweep(sweep: Path, task: list[str], started: dict[int, bool], params=No
     """A sweep folder as Hydra and repro leave it, without training: multirun.yaml, and for each
     started job (its number: whether it completed) its Hydra record, summary and attempts,
     the first recording the hash seed 42. Returns the sweep's jobs."""
-    record = recorded_run(sweep, "MULTIRUN", 0)
-    shutil.rmtree(sweep / ".hydra")
-    hydra = {**record, "sweeper": {"_target_": BASIC, "params": params}}
+    sweep.mkdir(parents=True)
+    hydra = {**hydra_config(sweep, "MULTIRUN"), "sweeper": {"_target_": BASIC, "params": params}}
     hydra["overrides"] = {"hydra": [], "task": task}
     (sweep / "multirun.yaml").write_text(json.dumps({"hydra": hydra}))
     jobs = resume.sweep_jobs(sweep, hydra, trusted=True)

@@ -14,7 +14,7 @@ from repro.objectives import Checked, CrossEntropy, Targets, batch_means, batch_
 from repro.objectives import checked as objectives_checked
 from repro.runs import resume, trust
 
-from conftest import compose_config, tiny
+from conftest import StepCounter, compose_config, tiny
 
 
 def test_cross_entropy_is_per_image_and_blends_mixed_targets():
@@ -116,22 +116,6 @@ def test_a_data_builder_that_returns_something_else_is_one_line():
         build.splits(cfg, 0)
 
 
-class _Counter:
-    """A callback with one hook and state."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def after_step(self, loop) -> None:
-        self.steps += 1
-
-    def state_dict(self) -> dict:
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = state["steps"]
-
-
 class _Watcher:
     """A callback with no state and another hook."""
 
@@ -143,7 +127,7 @@ class _Watcher:
 
 
 def test_callbacks_are_dispatched_by_method_and_their_state_round_trips(caplog):
-    counter, watcher = _Counter(), _Watcher()
+    counter, watcher = StepCounter(), _Watcher()
     hooks = callbacks.Callbacks({"count": counter, "watch": watcher})
     for _ in range(3):
         hooks.after_step(None)
@@ -152,14 +136,14 @@ def test_callbacks_are_dispatched_by_method_and_their_state_round_trips(caplog):
     assert counter.steps == 3 and watcher.ends == [3]
     state = hooks.state_dict()
     assert state == {"count": {"steps": 3}}  # only callbacks with state are saved
-    fresh = callbacks.Callbacks({"count": _Counter()})
+    fresh = callbacks.Callbacks({"count": StepCounter()})
     fresh.load_state_dict(state)
     assert fresh.named["count"].steps == 3
     with caplog.at_level("INFO"):
-        callbacks.Callbacks({"other": _Counter()}).load_state_dict(state)
+        callbacks.Callbacks({"other": StepCounter()}).load_state_dict(state)
     said = [r.getMessage() for r in caplog.records if r.name == "repro.callbacks"]
     assert said == ["callbacks.other: no state in the checkpoint; it starts afresh"]
-    after_a_stateless_one = callbacks.Callbacks({"watch": _Watcher(), "count": _Counter()})
+    after_a_stateless_one = callbacks.Callbacks({"watch": _Watcher(), "count": StepCounter()})
     after_a_stateless_one.load_state_dict(state)
     assert after_a_stateless_one.named["count"].steps == 3
 

@@ -9,9 +9,7 @@ import logging
 import time
 
 import pytest
-import timm
 import torch
-from safetensors.torch import save_file
 
 from repro import evaluate
 from repro.engine.evaluation import evaluate as evaluate_batches
@@ -19,7 +17,7 @@ from repro.engine.evaluation import predict
 from repro.engine.loop import Trainer
 from repro.errors import CheckpointError, ConfigError
 
-from conftest import compose_config, tiny, train_in_process
+from conftest import StepCounter, compose_config, save_test_resnet, tiny, train_in_process
 
 TWO_EPOCHS = tiny("trainer.epochs=2", "trainer.eval_every_steps=2")
 
@@ -61,9 +59,7 @@ def test_the_test_split_is_evaluated_as_validation_is(sizes, image_tree, tmp_pat
     """Without test/, val/ stands in for it: the test after training must then report what the
     last validation did, with the same objective, metrics and flips, and the model's own
     normalisation (a pretrained model's image size, resize, mean and std, not data's)."""
-    weights = tmp_path / "test_resnet.safetensors"
-    torch.manual_seed(3)
-    save_file(timm.create_model("test_resnet", num_classes=5).state_dict(), str(weights))
+    weights = save_test_resnet(tmp_path / "test_resnet.safetensors")
     caplog.set_level(logging.INFO, logger="repro.runs.final_test")
     summary = train_in_process(
         tmp_path / "run", "data=imagefolder", f"data.root={image_tree}", "data.image_size=32",
@@ -556,34 +552,18 @@ def test_a_checkpoint_of_another_world_size_resumes_only_when_world_invariant():
     assert torch.equal(invariant.model.weight, written.model.weight)
 
 
-class _Counting:
-    """A callback with state: the steps it saw."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def after_step(self, loop) -> None:
-        self.steps += 1
-
-    def state_dict(self) -> dict:
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = state["steps"]
-
-
 def test_a_checkpoint_restores_the_best_value_the_stop_and_the_callbacks_state():
     from repro.callbacks import Callbacks
     from repro.engine.position import Best
 
     written, _ = bare_loop()
-    written.callbacks = Callbacks({"count": _Counting()})
+    written.callbacks = Callbacks({"count": StepCounter()})
     written.callbacks.get("count").steps = 5
     written.state.best = Best(value=0.25, step=4, stale=2)
     written.state.stopped_early, written.state.stop_reason = True, "enough"
     state = written.state_dict()
     resumed, _ = bare_loop()
-    resumed.callbacks = Callbacks({"count": _Counting()})
+    resumed.callbacks = Callbacks({"count": StepCounter()})
     resumed.load_state_dict(state)
     assert vars(resumed.state.best) == {"value": 0.25, "step": 4, "stale": 2}
     assert (resumed.state.stopped_early, resumed.state.stop_reason) == (True, "enough")
@@ -592,7 +572,7 @@ def test_a_checkpoint_restores_the_best_value_the_stop_and_the_callbacks_state()
     older = {k: v for k, v in state.items() if k not in ("best", "stopped_early", "stop_reason",
                                                          "callbacks")}  # fmt: skip
     fresh, _ = bare_loop()
-    fresh.callbacks = Callbacks({"count": _Counting()})
+    fresh.callbacks = Callbacks({"count": StepCounter()})
     fresh.load_state_dict(older)
     assert vars(fresh.state.best) == vars(Best())
     assert (fresh.state.stopped_early, fresh.state.stop_reason) == (False, None)
