@@ -285,7 +285,7 @@ def test_a_reserved_metric_name_or_a_metric_of_other_states_is_refused_word_for_
     with pytest.raises(ConfigError) as reserved:
         build_scores(OmegaConf.create({"confusion": node}), CLASSES)
     assert str(reserved.value) == (
-        "metrics='confusion' is not allowed: a name other than loss, acc, confusion"
+        "metrics='confusion' is not allowed: a name other than loss, acc, confusion, map"
     )
     monkeypatch.setattr(__import__(__name__), "UserMetric", _user_metric("max"), raising=False)
     with pytest.raises(ConfigError) as other:

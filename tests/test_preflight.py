@@ -54,7 +54,7 @@ def test_a_model_with_the_wrong_number_of_outputs_is_named_with_both_numbers():
 
 @pytest.mark.parametrize("bad", [4, 9, -1])
 def test_a_label_outside_the_classes_is_named(bad):
-    with pytest.raises(DataError, match=rf"label {bad}, but the data has 4 classes"):
+    with pytest.raises(DataError, match=rf"item 2 has label {bad}, but the data has 4 classes"):
         preflight.check_classes(ReadsValues(4), splits([0, 1, bad]), image_size=8)
 
 
@@ -65,9 +65,24 @@ def _source(labels: list[int]) -> TensorImages:
 @pytest.mark.parametrize(
     ("train", "val", "test", "said"),
     [
-        ([5], [0], [0], "the train split has label 5, but the data has 4 classes (labels 0..3)"),
-        ([0, 1], [-2], [0], "the val split has label -2, but the data has 4 classes (labels 0..3)"),
-        ([0, 1], [], [4], "the test split has label 4, but the data has 4 classes (labels 0..3)"),
+        (
+            [5],
+            [0],
+            [0],
+            "the train split's item 0 has label 5, but the data has 4 classes (labels 0..3)",
+        ),
+        (
+            [0, 1],
+            [1, -2],
+            [0],
+            "the val split's item 1 has label -2, but the data has 4 classes (labels 0..3)",
+        ),
+        (
+            [0, 1],
+            [],
+            [3, 4],
+            "the test split's item 1 has label 4, but the data has 4 classes (labels 0..3)",
+        ),
     ],
 )
 def test_each_split_is_checked_and_named_an_empty_one_skipped(train, val, test, said):

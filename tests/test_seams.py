@@ -437,9 +437,10 @@ def test_batch_sums_count_a_batch_value_once_per_image_and_sum_per_image_values(
         (lambda n: torch.zeros(n), 'must return a dict of tensors holding "loss"'),
         (lambda n: {"loss": torch.zeros(n), "two words": torch.zeros(n)},
          "returned the term 'two words'; use term names that are identifiers other than acc, "
-         "confusion"),
+         "confusion, map"),
         (lambda n: {"loss": torch.zeros(n), "acc": torch.zeros(n)},
-         "returned the term 'acc'; use term names that are identifiers other than acc, confusion"),
+         "returned the term 'acc'; use term names that are identifiers other than acc, "
+         "confusion, map"),
         (lambda n: {"loss": torch.zeros(n, 2)},
          "returned 'loss' as (4, 2); use a tensor of shape (4,) (per image) or () (per batch)"),
     ],

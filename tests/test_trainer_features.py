@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from repro import evaluate
+from repro import evaluate, tasks
 from repro.engine.evaluation import evaluate as evaluate_batches
 from repro.engine.evaluation import predict
 from repro.engine.loop import Trainer
@@ -201,10 +201,10 @@ def test_accumulating_two_half_batches_is_one_batch_up_to_rounding(tmp_path):
 
 
 def test_the_new_keys_compose_from_the_defaults():
-    trainer = compose_config().trainer
-    assert (trainer.monitor, trainer.monitor_mode, trainer.test_weights) == (
-        "val_acc", "max", "best"
-    )  # fmt: skip
+    cfg = compose_config()
+    trainer = cfg.trainer
+    assert (trainer.monitor, trainer.monitor_mode, trainer.test_weights) == ("auto", "max", "best")
+    assert tasks.monitor(cfg) == "val_acc"  # what auto is for cross-entropy
     assert trainer.test_after_fit and trainer.accumulate_steps == 1
     assert compose_config().components == {}  # no weight average, no lookahead
 
@@ -478,6 +478,11 @@ def bare_loop(world=1, invariant=False, **settings):
     loop.callbacks, loop.state, loop.dist = Callbacks(), RunState(), Context(rank=0, world=world)
     loop.settings = LoopSettings(world_invariant=invariant, **settings)
     loop.extra_state = {"config": {"seed": 1}}
+
+    class OneImage(list):  # a validation loader of no batches over a split of one image
+        dataset = (None,)
+
+    loop.data = SimpleNamespace(val_loader=OneImage(), to_device=None)
     saved = []
     loop.outputs = SimpleNamespace(checkpointer=SimpleNamespace(
         save_best=lambda state, step: saved.append(step)))  # fmt: skip
@@ -620,7 +625,6 @@ def test_a_step_is_told_its_place_and_an_evaluation_keeps_no_predictions_unless_
 
     monkeypatch.setattr(loop_module, "evaluate", evaluate)
     loop.val_batches = SimpleNamespace(take=lambda count: [])
-    loop.data = SimpleNamespace(val_loader=[], to_device=None)
     loop.knobs.memory_format = SimpleNamespace(batch=None)
     loop.objective, loop.scores = "objective", "scores"
     loop.evaluate(loop.model)

@@ -53,7 +53,7 @@ MINIMUM = {
     "data.num_classes": (2, True),
     "data.image_size": (1, False),
     "data.crop_padding": (0, False),
-    "data.val_size": (1, False),
+    "data.val_size": (0, False),
     "data.train_size": (1, True),
     "data.test_size": (1, True),
     "data.cache_budget_gib": (0, False),
@@ -157,6 +157,7 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> tuple[str, Any, 
 def validate(cfg: DictConfig, schema: type = Config) -> None:
     """Raise ConfigError for a key `schema` does not know, or the first value outside its
     allowed range or choices."""
+    from repro import tasks
     from repro.data import datasets  # the data option's own settings, typed by its builder
 
     datasets.typed_data(cfg.data)
@@ -194,6 +195,7 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
     if cfg.seed.value is not None and cfg.seed.value < 0:
         raise ConfigError("seed.value", cfg.seed.value, "an integer >= 0")
     _check_trainer_extras(cfg.trainer, cfg.get("components"))
+    tasks.check_config(cfg)  # what the objective's task allows, and selection without val
     augment = cfg.get("augment")
     if cfg.trainer.world_invariant and augment and (augment.mixup_alpha or augment.cutmix_alpha):
         allowed = (
@@ -257,8 +259,11 @@ MONITORED = ("val_", "ema_val_")  # an evaluation's columns: accuracy, objective
 def _check_trainer_extras(trainer: DictConfig, components: Any) -> None:
     """Best-checkpoint, EMA and accumulation settings that must agree with each
     other or lie in a range."""
-    if not str(trainer.monitor).startswith(MONITORED):
-        allowed = "an evaluation column: val_acc, val_loss, val_<a term or a metric>, ema_val_..."
+    if trainer.monitor != "auto" and not str(trainer.monitor).startswith(MONITORED):
+        allowed = (
+            "auto (the objective's: val_acc, or val_map for multi-label) or an evaluation "
+            "column: val_acc, val_loss, val_<a term or a metric>, ema_val_..."
+        )
         raise ConfigError("trainer.monitor", trainer.monitor, allowed)
     uses_ema = trainer.monitor.startswith("ema_") or trainer.test_weights == "ema"
     if uses_ema and (components or {}).get("ema") is None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from repro import build
+from repro import build, tasks
 from repro.data.cache import decode
 from repro.data.loader import Batches
 from repro.data.sources import in_memory
@@ -70,20 +70,29 @@ def evaluate_checkpoint(
     data = build.splits(cfg, run.state["root_seed"])
     resume.check_same_classes(run.state, data.classes, cfg.data.root, "its outputs mean others")
     source = getattr(data, split)
+    if len(source) == 0:  # data.val_size=0: every image trained
+        raise ConfigError("split", split, "a split with images (this run has no validation split)")
     if cached and in_memory(source) is None:
         source = decode(source, cfg.data, split, cfg.logger.get("progress", "auto"))
     _, eval_transform = build.pipelines(cfg, cached, data.any_size, run.normalisation)
     loader = run.loader(source, eval_transform, batch_size)
     prepare, autocast = run.memory_format.batch, run.precision.autocast
-    classes = classes_of(run.state, cfg) if per_class else None
+    single_label = tasks.of(run.objective).single_label
+    classes = classes_of(run.state, cfg) if per_class and single_label else None
     scores = build_scores(cfg.get("metrics"), classes_of(run.state, cfg))
+    names = run.state.get("classes") or list(data.classes)
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
         result = evaluate(
             run.model, one_pass, run.to_device, prepare, autocast, tta=run.tta, classes=classes,
-            objective=run.objective, scores=scores,
+            objective=run.objective, scores=scores, label_names=names,
         )  # fmt: skip
-    if per_class:
+    if per_class and not single_label:  # each label's average precision and F1
+        result["per_label"] = [
+            {"label": name, "ap": result[f"ap_{key}"], "f1": result[f"f1_{key}"]}
+            for name, key in zip(names, tasks.column_names(names), strict=True)
+        ]
+    elif per_class:
         names = run.state.get("classes") or [str(i) for i in range(len(result["confusion"]))]
         result["per_class"] = [
             {"class": name, "images": sum(row), "acc": row[index] / sum(row) if sum(row) else None}
@@ -121,14 +130,17 @@ def main(argv: list[str]) -> None:
     except UserError as error:
         exit_with(error)
     views = f", {result['tta']} test-time augmentation" if result["tta"] != "none" else ""
+    mean_ap = f"  map {result['map']:.4f}" if "map" in result else ""  # multi-label
     print(
-        f"{result['split']}: loss {result['loss']:.4f}  acc {result['acc']:.4f}  "
+        f"{result['split']}: loss {result['loss']:.4f}  acc {result['acc']:.4f}{mean_ap}  "
         f"({result['images']} images, checkpoint step {result['step']}{views})"
     )
     # Class and metric names come from the checkpoint: no escape sequence reaches the terminal.
     for row in result.get("per_class", []):
         shown = "-" if row["acc"] is None else f"{row['acc']:.4f}"
         print(f"  {for_terminal(row['class'])}: acc {shown} ({row['images']} images)")
+    for row in result.get("per_label", []):
+        print(f"  {for_terminal(row['label'])}: ap {row['ap']:.4f} f1 {row['f1']:.4f}")
     for name in result.get("metrics", []):  # a number, or a matrix row by row
         value, label = result[name], for_terminal(name)
         rows = [" ".join(map(str, row)) for row in value] if isinstance(value, list) else []

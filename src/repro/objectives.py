@@ -10,8 +10,16 @@ same objective, so `val_<name>` and `train_<name>` measure one thing. Every name
 `train_<name>` and a `val_<name>` column of metrics.csv, a tracker metric and a metric the
 sweep report summarises.
 
+A target is what the dataset gives: a class index, a vector of class probabilities (soft
+labels), a multi-hot vector, or another tensor. An objective says which by its `task`
+(repro.tasks: `SINGLE_LABEL` unless it declares another), and the task decides what
+evaluation computes from the logits, the accuracy, the metrics and the monitored value.
+
 MixUp and CutMix reach the objective as `Targets` with partner labels and a weight:
-`targets.mixed(loss_of)` applies a per-label loss to both and blends them.
+`targets.mixed(loss_of)` applies a per-label loss to both and blends them. That blend is the
+loss against the blended targets only for a loss linear in its target (cross-entropy, binary
+cross-entropy); an objective of another task than single-label says so with `mixes = True`,
+or mixing is refused before the run starts.
 
 An objective that needs more (distillation needs a teacher's logits for the same images) takes
 a third argument, a `Batch`: the images the logits came from, the model that made them, the
@@ -31,10 +39,12 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from repro import tasks
 from repro.errors import ConfigError
+from repro.tasks import SINGLE_LABEL
 
 TOTAL = "loss"  # the key of the total the optimizer follows
-RESERVED = ("acc", "confusion")  # names evaluation gives its own results
+RESERVED = ("acc", "confusion", "map")  # names evaluation gives its own results
 
 
 @dataclass(frozen=True)
@@ -88,15 +98,22 @@ class Objective(Protocol):
 
 
 class CrossEntropy:
-    """Cross-entropy with optional label smoothing, per image: the template's default."""
+    """Cross-entropy with optional label smoothing, per image: the template's default. Targets
+    are class indices, or class probabilities (soft labels: a float row per image)."""
+
+    task = SINGLE_LABEL
+    mixes = True
 
     def __init__(self, label_smoothing: float = 0.0) -> None:
         self.label_smoothing = float(label_smoothing)
 
     def __call__(self, logits: torch.Tensor, targets: Targets) -> dict[str, torch.Tensor]:
         def loss_of(labels: torch.Tensor) -> torch.Tensor:
+            inputs = logits
+            if labels.is_floating_point():  # class probabilities: compared in float32
+                inputs, labels = logits.float(), labels.float()
             return functional.cross_entropy(
-                logits, labels, label_smoothing=self.label_smoothing, reduction="none"
+                inputs, labels, label_smoothing=self.label_smoothing, reduction="none"
             )
 
         return {TOTAL: targets.mixed(loss_of)}
@@ -124,6 +141,7 @@ class Checked:
     def __init__(self, objective: Objective, target: str) -> None:
         self.objective, self.target, self.unchecked = objective, target, True
         self.takes_batch = _takes_batch(objective)
+        self.task = tasks.of(objective)
         self.components: Mapping[str, Any] = {}  # the run's, once built (engine/assembly)
 
     def __call__(

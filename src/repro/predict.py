@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from repro import build
+from repro import build, tasks
 from repro.data.loader import Batches
 from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
 from repro.engine.evaluation import predict
@@ -61,9 +61,11 @@ def predict_files(
     tta: str | None = None,
     trust: bool = False,
 ) -> list[dict[str, Any]]:
-    """One row per image file: its path, and its `top_k` classes with their probabilities."""
+    """One row per image file: its path, and its `top_k` classes with their probabilities (a
+    multi-label run's: the labels predicted, and each label's probability)."""
     run = restore(ckpt, device_name, tta=tta, trust=trust)
     classes = run.state.get("classes") or [str(i) for i in range(run.cfg.data.num_classes)]
+    task = tasks.of_config(run.cfg.objective)  # a config trust has passed (restore)
     if not isinstance(top_k, int) or not 1 <= top_k <= len(classes):
         raise ConfigError("top_k", top_k, f"an integer from 1 to the {len(classes)} classes")
     paths = image_files(images)
@@ -77,8 +79,11 @@ def predict_files(
             batch, _ = run.to_device(images_batch, labels)
             with run.precision.autocast():
                 logits = predict(run.model, run.memory_format.batch(batch), run.tta)
-            probabilities.append(logits.softmax(dim=1))
-    best = torch.cat(probabilities).cpu().topk(top_k, dim=1)  # one copy to the host
+            probabilities.append(task.probabilities(logits))
+    every = torch.cat(probabilities).cpu()  # one copy to the host
+    if not task.single_label:
+        return [_labels_row(path, row, classes) for path, row in zip(paths, every, strict=True)]
+    best = every.topk(top_k, dim=1)
     rows = []
     for path, values, indices in zip(paths, best.values, best.indices, strict=True):
         row: dict[str, Any] = {"path": str(path)}
@@ -88,6 +93,15 @@ def predict_files(
             row[f"probability{suffix}"] = round(float(value), 6)
         rows.append(row)
     return rows
+
+
+def _labels_row(path: Path, probabilities: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+    """A multi-label prediction: the labels above probability 0.5 (`;` between them), then
+    each label's probability under its name."""
+    said = [label for label, value in zip(labels, probabilities, strict=True) if value > 0.5]
+    row: dict[str, Any] = {"path": str(path), "labels": ";".join(said)}
+    named = zip(tasks.column_names(labels), probabilities.tolist(), strict=True)
+    return row | {f"p_{name}": round(value, 6) for name, value in named}
 
 
 def main(argv: list[str]) -> None:

@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from repro import build, composition, config, schema
+from repro import build, composition, config, schema, tasks
 from repro.data import fingerprint
 from repro.engine import assembly
 from repro.engine.loop import Trainer
@@ -72,6 +72,7 @@ def _train(
     # (drawn, with seed=random). The config asked for is never written to.
     recorded = copy.deepcopy(cfg)
     recorded.seed.value = root_seed
+    recorded.trainer.monitor = tasks.monitor(cfg)  # `auto` as the objective's task resolves it
     if state:
         resume.check_compatible(state, recorded, knobs.resolved())
     seeding.seed_globals(root_seed, rank=dist.rank)
@@ -288,11 +289,11 @@ def main(cfg: DictConfig) -> float | None:
         # Printed, not logged: the run's train.log stays as the finished run left it.
         print(
             f"already complete: {run_dir} holds all {summary['step']} steps of this config "
-            f"(val_acc {summary['val_acc']:.4f}); nothing to do. To train longer, raise "
+            f"({_scores(summary)}); nothing to do. To train longer, raise "
             "trainer.epochs or trainer.max_steps.",
             flush=True,
         )
-        return summary["val_acc"]
+        return _swept_value(summary)
     if summary["stopped_by_signal"] is not None and in_sweep:
         log.warning(
             "stopped by signal %d at step %d", summary["stopped_by_signal"], summary["step"]
@@ -312,14 +313,25 @@ def main(cfg: DictConfig) -> float | None:
         log.info("halted after step %d as asked (trainer.halt_at_step)", summary["step"])
         return None
     log.info(
-        "done | val_acc %.4f val_loss %.4f | %.1f s | weights_sha256 %s | %s",
-        summary["val_acc"],
-        summary["val_loss"],
+        "done | %s | %.1f s | weights_sha256 %s | %s",
+        _scores(summary),
         summary["wall_s"],
         summary["weights_sha256"][:16],
         run_dir,
     )
-    return summary["val_acc"]  # what a hyperparameter sweeper optimises
+    return _swept_value(summary)
+
+
+def _scores(summary: dict[str, Any]) -> str:
+    """The last validation's accuracy and loss, or the test's when nothing validated."""
+    prefix = "val" if "val_acc" in summary else "test"
+    shown = [f"{prefix}_{name}" for name in ("acc", "loss") if f"{prefix}_{name}" in summary]
+    return " ".join(f"{key} {summary[key]:.4f}" for key in shown) or "no evaluation"
+
+
+def _swept_value(summary: dict[str, Any]) -> float | None:
+    """What a hyperparameter sweeper optimises: val_acc (test_acc with no validation split)."""
+    return summary.get("val_acc", summary.get("test_acc"))
 
 
 if __name__ == "__main__":

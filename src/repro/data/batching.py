@@ -60,8 +60,14 @@ class BatchMaker:
         random draws (None: no random step)."""
         index = torch.as_tensor(indices, dtype=torch.int64, device="cpu")
         keys = None if epoch is None else SampleKeys(self.stream, epoch, index)
-        sent = torch.stack([self.make.locate(index, keys), self.labels[index]])
-        located, labels = host_to_device(sent, self.device).unbind()
+        located, labels = self.make.locate(index, keys), self.labels[index]
+        if labels.dtype == torch.int64 and labels.dim() == 1:  # class indices: one copy for both
+            located, labels = host_to_device(torch.stack([located, labels]), self.device).unbind()
+        else:  # targets of another shape or dtype (multi-hot, soft labels) go on their own
+            located, labels = (
+                host_to_device(located, self.device),
+                host_to_device(labels, self.device),
+            )
         return Batch(self.make.build(located, keys), labels)
 
 

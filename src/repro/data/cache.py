@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from repro.data.sources import Source, TensorImages
+from repro.data.sources import Source, TensorImages, stack_targets
 from repro.data.transforms import CenterCrop, ResizeShorter
 from repro.data.workers import start_worker
 from repro.errors import ConfigError
@@ -59,10 +59,10 @@ def decode(
     total = len(images) * images[0].numel()
     if total > budget:
         _refuse_budget(data_cfg, len(images), total, name)
-    return TensorImages(torch.stack(images), torch.tensor(_labels(files), dtype=torch.long))
+    return TensorImages(torch.stack(images), stack_targets(_labels(files)))
 
 
-def _labels(source: Source) -> list[int]:
+def _labels(source: Source) -> list[Any]:
     """A split's labels: its `labels` list where it keeps one (image files), else read."""
     labels = getattr(source, "labels", None)
     return list(labels) if labels is not None else [source[i][1] for i in range(len(source))]

@@ -46,9 +46,10 @@ class Splits:
 
 
 def carve_validation(pool: Source, val_size: int, split_seed: int) -> tuple[Source, Source]:
-    """Split a pool into train and validation with a generator seeded from the run's seed."""
-    if not 0 < val_size < len(pool):
-        raise ConfigError("data.val_size", val_size, f"must be between 1 and {len(pool) - 1}")
+    """Split a pool into train and validation with a generator seeded from the run's seed;
+    with `val_size` 0, every image trains and the validation split is empty."""
+    if not 0 <= val_size < len(pool):
+        raise ConfigError("data.val_size", val_size, f"must be between 0 and {len(pool) - 1}")
     order = torch.randperm(len(pool), generator=torch_generator(split_seed, "split"))
     return pool.subset(order[val_size:].sort().values), pool.subset(order[:val_size].sort().values)
 

@@ -29,6 +29,7 @@ from repro.data.batching import BatchMaker
 from repro.data.datasets import Source, Splits
 from repro.data.samplers import EpochBatches, EvalBatches
 from repro.data.slots import Batch, SharedSlots, SlotRef
+from repro.data.sources import stack_targets
 from repro.data.transforms import Compose
 from repro.data.workers import start_worker
 from repro.runtime.seeding import SampleKeys, stream_seed, torch_generator
@@ -106,7 +107,7 @@ class TrainView(Dataset):
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, Any]:
         epoch, index = key
         image, label = self.source[index]
         return self.transform(image, SampleKeys(self.stream, epoch, index)), label
@@ -135,7 +136,7 @@ class EvalView(Dataset):
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
         image, label = self.source[index]
         return self.transform(image, None), label
 
@@ -151,7 +152,7 @@ def sample_then_batch(
     indices: list[int],
     stream: int | None = None,
     epoch: int | None = None,
-) -> Batch | list[tuple[torch.Tensor, int]]:
+) -> Batch | list[tuple[torch.Tensor, Any]]:
     """Samples that must be read one by one (image files, a resize, torchvision transforms):
     the per-sample steps on each, then the pipeline's batchable tail on them stacked, with the
     batch's keys (the same draws as per sample, without Python per sample). Samples of other
@@ -175,7 +176,7 @@ def sample_then_batch(
         if any(image.shape != images[0].shape for image in images):
             return list(zip(images, labels, strict=True))
         batch = torch.stack(images)
-    return Batch(batch, torch.tensor(labels, dtype=torch.int64))
+    return Batch(batch, stack_targets(labels))
 
 
 def collate(data: Batch | SlotRef | list[Any]) -> Any:

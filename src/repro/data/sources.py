@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,17 +34,22 @@ def in_memory(source: Source) -> TensorImages | None:
 
 
 class TensorImages:
-    """Images already in memory as one uint8 (N, C, H, W) tensor (synthetic, CIFAR-10)."""
+    """Images already in memory as one uint8 (N, C, H, W) tensor (synthetic, CIFAR-10), and
+    their targets: class indices (N,), or one row per image (multi-hot, soft labels ...)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         assert images.dtype == torch.uint8 and images.dim() == 4
-        self.images, self.labels = images, labels.long()
+        indices = (
+            labels.dim() == 1 and not labels.is_floating_point() and labels.dtype != torch.bool
+        )
+        self.images, self.labels = images, labels.long() if indices else labels
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.images[index], int(self.labels[index])
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
+        label = self.labels[index]
+        return self.images[index], int(label) if label.dim() == 0 else label
 
     def subset(self, indices: torch.Tensor) -> TensorImages:
         return TensorImages(self.images[indices], self.labels[indices])
@@ -87,10 +93,21 @@ def decode_file(path: Path) -> torch.Tensor:
         raise DataError(f"{path}: not a readable image ({error.__class__.__name__})") from None
 
 
-class ImageFiles:
-    """Image files on disk, decoded to RGB on access (`decode_file`)."""
+def stack_targets(targets: torch.Tensor | Sequence[Any]) -> torch.Tensor:
+    """Targets as one tensor, as the dataset gave them: class indices as int64, tensors (a
+    multi-hot row, soft labels) stacked with their own dtype."""
+    if isinstance(targets, torch.Tensor):
+        return targets
+    if len(targets) and isinstance(targets[0], torch.Tensor):
+        return torch.stack(list(targets))
+    return torch.tensor(list(targets), dtype=torch.int64)
 
-    def __init__(self, paths: list[Path], labels: list[int]) -> None:
+
+class ImageFiles:
+    """Image files on disk, decoded to RGB on access (`decode_file`), and a target for each
+    (a class index, or a tensor such as a multi-hot row)."""
+
+    def __init__(self, paths: list[Path], labels: list[Any]) -> None:
         self.paths, self.labels = paths, labels
         torchvision_decoder()  # imported here, so that forked workers inherit it
 
@@ -101,7 +118,7 @@ class ImageFiles:
         chosen = indices.tolist()
         return ImageFiles([self.paths[i] for i in chosen], [self.labels[i] for i in chosen])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
         return decode_file(self.paths[index]), self.labels[index]
 
     @classmethod

@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader
 
-from repro import build, callbacks
+from repro import build, callbacks, tasks
 from repro.data.datasets import Splits
 from repro.data.loader import LoaderContext
 from repro.data.samplers import EpochBatches
@@ -91,7 +91,8 @@ def build_parts(
     if cfg.trainer.init_weights is not None and initialise:
         path = Path(cfg.trainer.init_weights).expanduser()
         initialised = init_weights.load_on_every_rank(model, path, knobs.dist)
-    preflight.check_classes(model, data, norm["image_size"])
+    preflight.check_classes(model, data, norm["image_size"], tasks.of_config(cfg.objective))
+    tasks.check_selection(cfg, len(data.val))  # "best" out of too few images is noise
     model = knobs.memory_format.model(model.to(knobs.device))
     forward_model = (
         model  # the micro-batch gradient exchange replaces DDP's all-reduce

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from repro import tasks
 from repro.objectives import (
     TOTAL,
     CrossEntropy,
@@ -46,24 +47,72 @@ def _with_mirror(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return (model(images).float() + model(images.flip(-1)).float()) / 2
 
 
+@dataclass(frozen=True)
+class SplitOutputs:
+    """One evaluation pass over a whole split, on the host, in the split's order: each image's
+    index in the split, its target as the dataset gave it, the logits (with `trainer.tta`, the
+    views' mean) and the prediction the objective's task makes of them."""
+
+    indices: torch.Tensor  # int64 (N,): split.source[i] is the image of row i
+    targets: torch.Tensor  # (N,) class indices, or (N, classes) rows
+    logits: torch.Tensor  # float32 (N, classes)
+    predicted: torch.Tensor  # (N,) classes, or (N, classes) 0/1 labels
+
+    def wrong(self) -> torch.Tensor:
+        """The rows whose prediction is not the target (every label, for multi-label)."""
+        wanted = self.targets
+        if self.predicted.dim() == 1:
+            wanted = wanted if wanted.dim() == 1 else wanted.argmax(1)
+            return torch.nonzero(self.predicted != wanted).flatten()
+        return torch.nonzero((self.predicted.bool() != (wanted > 0.5)).any(1)).flatten()
+
+
 @dataclass
 class Predictions:
-    """This rank's labels and predicted classes of one evaluation pass, left on the device."""
+    """This rank's targets, predictions and logits of one evaluation pass, left on the device;
+    `outputs()` gathers every rank's in the split's order, on the host."""
 
-    labels: list[torch.Tensor] = field(default_factory=list)
+    labels: list[torch.Tensor] = field(default_factory=list)  # the targets, as batched
     predicted: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
     dist: distributed.Context | None = None
+    _gathered: SplitOutputs | None = None
 
     def confusion(self, classes: int) -> torch.Tensor:
         """The confusion matrix over every rank's shard (rows: true class, columns: predicted),
         counted on the host, once: a GPU's scatter-add has no deterministic kernel. Under
-        torchrun every rank must call it (a sum over ranks)."""
+        torchrun every rank must call it (a sum over ranks). Soft labels count as their most
+        likely class; a multi-label pass has no confusion matrix."""
         if not self.labels:
             counts = torch.zeros(classes, classes, dtype=torch.int64)
         else:
-            pairs = torch.cat(self.labels).cpu() * classes + torch.cat(self.predicted).cpu()
+            targets = torch.cat(self.labels).cpu()
+            truth = targets if targets.dim() == 1 else targets.argmax(1)
+            pairs = truth * classes + torch.cat(self.predicted).cpu()
             counts = torch.bincount(pairs, minlength=classes * classes).view(classes, classes)
         return distributed.sum_tensor(counts, self.dist) if self.dist is not None else counts
+
+    def outputs(self) -> SplitOutputs:
+        """The whole split's `SplitOutputs`, gathered once (under torchrun a collective: every
+        rank must call it). Rank r evaluated images r, r + world, ... (`EvalBatches`)."""
+        if self._gathered is None:
+            rank, world = (self.dist.rank, self.dist.world) if self.dist else (0, 1)
+            mine = [_joined(self.labels), _joined(self.logits), _joined(self.predicted)]
+            mine.insert(0, rank + world * torch.arange(len(mine[0])))
+            shards = distributed.gather(mine, self.dist) if self.dist else [mine]
+            filled = [shard for shard in shards if len(shard[0])] or shards[:1]
+            indices, targets, logits, predicted = (
+                torch.cat([shard[i] for shard in filled]) for i in range(4)
+            )
+            order = torch.argsort(indices)
+            self._gathered = SplitOutputs(
+                indices[order], targets[order], logits[order], predicted[order]
+            )
+        return self._gathered
+
+
+def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(tensors).cpu() if tensors else torch.zeros(0)
 
 
 @torch.no_grad()
@@ -79,14 +128,18 @@ def evaluate(
     objective: Objective | None = None,
     keep_predictions: bool = False,
     scores: Scores | None = None,
+    label_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """The mean of each of the objective's terms (plain cross-entropy without one) under its
-    name ("loss" the total), and the accuracy ("acc"), over `batches` (summed over torchrun
-    ranks, each of which evaluates its own shard), of the logits `predict` gives with `tta`;
-    with `classes`, also the confusion matrix (rows: true class, columns: predicted); with
-    `keep_predictions`, the pass's `Predictions` under "predictions"; with `scores` (the
-    `metrics` group), the metrics' results (`Scores.results`)."""
+    name ("loss" the total), and the accuracy ("acc": for a multi-label objective, the share of
+    images with every label right), over `batches` (summed over torchrun ranks, each of which
+    evaluates its own shard), of the logits `predict` gives with `tta`; with `classes`, also the
+    confusion matrix (rows: true class, columns: predicted); with `keep_predictions`, the
+    pass's `Predictions` under "predictions"; with `scores` (the `metrics` group), the
+    metrics' results (`Scores.results`); for a task that scores the whole split (multi-label:
+    `map`, `ap_<label>`, `f1_<label>`), its figures, labels named by `label_names`."""
     objective = checked(objective or CrossEntropy())
+    task = tasks.of(objective)
     was_training = model.training
     model.eval()
     # Sums stay on the device until the end (a read per batch would wait for the GPU each
@@ -96,6 +149,7 @@ def evaluate(
     correct = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     kept = Predictions(dist=dist)
+    keep = classes is not None or keep_predictions or task.needs_outputs
     scored: list[tuple[torch.Tensor, torch.Tensor]] = []  # scored after the pass: see Scores
     for images, labels in batches:
         images, labels = to_device(images, labels)
@@ -107,14 +161,15 @@ def evaluate(
         terms = objective(logits, Targets(labels), images, model)
         for name, total in batch_sums(terms, len(labels)).items():
             sums[name] = sums[name] + total if name in sums else total
-        predicted = logits.argmax(1)
-        correct += (predicted == labels).sum().double()
+        predicted = task.predicted(logits)
+        correct += task.correct(predicted, labels)
         count += len(labels)
         if scores is not None:
             scored.append((logits, labels))
-        if classes is not None or keep_predictions:
+        if keep:
             kept.labels.append(labels)
             kept.predicted.append(predicted)
+            kept.logits.append(logits)
     model.train(was_training)
     # One copy to the host: one wait for a GPU.
     names = list(sums) or [TOTAL]  # an empty split: nothing summed
@@ -131,6 +186,10 @@ def evaluate(
     result["acc"] = correct_total / images
     if scores is not None:
         result |= scores.results(totals[len(names) + 2 :], names)
+    if task.needs_outputs:
+        whole = kept.outputs()
+        named = label_names or [str(i) for i in range(whole.logits.shape[-1])]
+        result |= task.outputs_metrics(whole.logits, whole.targets, named)
     if classes is not None:
         result["confusion"] = kept.confusion(classes).tolist()
     if keep_predictions:
@@ -143,6 +202,8 @@ def evaluation_columns(
 ) -> dict[str, Any]:
     """An evaluation's results as metrics columns: `val_loss`, `val_acc`, `val_<term>`,
     `val_<metric>` ...; a matrix (the confusion matrix) only with `matrices`, for summary.json."""
+    if not result:  # no validation split
+        return {}
     ordered = [TOTAL, "acc", *(name for name in result if name not in (TOTAL, "acc"))]
     shown = [name for name in ordered if matrices or not isinstance(result[name], list)]
     return {column(prefix, name): result[name] for name in shown}

@@ -16,7 +16,7 @@ from torch.profiler import record_function
 from repro.callbacks import Callbacks
 from repro.data.loader import Batches
 from repro.engine.cadence import Cadence
-from repro.engine.evaluation import evaluate, evaluation_columns
+from repro.engine.evaluation import Predictions, evaluate, evaluation_columns
 from repro.engine.losses import PendingLosses
 from repro.engine.position import Best, Position, RunState
 from repro.engine.settings import Knobs, LoopData, LoopSettings, Outputs
@@ -73,6 +73,18 @@ class Trainer:
     def classes(self) -> list[str]:
         """The data's class names, in label order."""
         return list(self.extra_state.get("classes", []))
+
+    @property
+    def validates(self) -> bool:
+        """Whether there is a validation split (data.val_size=0: every image trains, no pass
+        validates, nothing picks "best")."""
+        return len(self.data.val_loader.dataset) > 0
+
+    def val_sample(self, index: int) -> tuple[torch.Tensor, Any]:
+        """The validation split's sample `index` as evaluation reads it: the uint8 CHW image
+        after the evaluation transform (resized and cropped, not normalised), and its target.
+        A callback's `predictions.outputs().indices` name the samples."""
+        return self.data.val_loader.dataset[index]
 
     def state_dict(self) -> dict[str, Any]:
         run = self.state
@@ -244,7 +256,7 @@ class Trainer:
         # The metric is the checkpointed model's: rank 0's, buffers included.
         distributed.broadcast_buffers(self.model, self.dist)
         result = self.evaluate(self.model, keep_predictions=True)
-        predictions = result.pop("predictions")
+        predictions = result.pop("predictions", None) or Predictions(dist=self.dist)
         pos = self.state.position
         count = pos.loss_count
         train = {column("train", TOTAL): pos.loss_sum / count if count else float("nan")}
@@ -270,13 +282,17 @@ class Trainer:
 
     def evaluate(self, model: nn.Module, keep_predictions: bool = False) -> dict[str, Any]:
         """The objective's terms, the accuracy and the metrics of `model` (the trained one or
-        its average) on one validation pass (and its `Predictions`, if kept)."""
+        its average) on one validation pass (and its `Predictions`, if kept); nothing without
+        a validation split."""
+        if not self.validates:
+            return {}
         batches = self.val_batches.take(len(self.data.val_loader))
         prepare, autocast = self.knobs.memory_format.batch, self.knobs.precision.autocast
         tta, objective = self.settings.tta, self.objective
         return evaluate(
             model, batches, self.data.to_device, prepare, autocast, self.dist, tta,
             objective=objective, keep_predictions=keep_predictions, scores=self.scores,
+            label_names=self.classes,
         )  # fmt: skip
 
     def _track_best(self) -> None:
@@ -284,6 +300,8 @@ class Trainer:
         `repro.evaluate` and a test after training read it like any checkpoint); with
         `trainer.patience` evaluations in a row without one, the run stops early."""
         run, monitor = self.state, self.settings.monitor
+        if not self.validates:  # no validation split: nothing to select by (config refuses it)
+            return
         if monitor not in run.last_eval:
             named = sorted(key for key in run.last_eval if key.startswith(("val_", "ema_val_")))
             raise ConfigError("trainer.monitor", monitor, f"one of this run's {', '.join(named)}")

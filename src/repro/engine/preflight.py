@@ -13,8 +13,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from repro import tasks
 from repro.data.datasets import Splits
-from repro.errors import DataError, UserError
+from repro.errors import UserError
+from repro.tasks import SINGLE_LABEL, Task
 
 
 def outputs_per_image(model: nn.Module, image_size: int) -> int | None:
@@ -41,24 +43,13 @@ def outputs_per_image(model: nn.Module, image_size: int) -> int | None:
     return int(logits.shape[1])
 
 
-def _label_range(labels: object) -> tuple[int, int]:
-    values = torch.as_tensor(labels)
-    return int(values.min()), int(values.max())
-
-
-def check_classes(model: nn.Module, data: Splits, image_size: int) -> None:
-    """The model gives one output per class, and every label names one of the classes."""
+def check_classes(
+    model: nn.Module, data: Splits, image_size: int, task: Task = SINGLE_LABEL
+) -> None:
+    """The model gives one output per class, and every target is one the objective's task takes
+    (a label names one of the classes; a vector has one entry per class)."""
     classes = len(data.classes)
-    for split, source in (("train", data.train), ("val", data.val), ("test", data.test)):
-        if len(source) == 0:
-            continue
-        lowest, highest = _label_range(source.labels)
-        if lowest < 0 or highest >= classes:
-            bad = highest if highest >= classes else lowest
-            raise DataError(
-                f"the {split} split has label {bad}, but the data has {classes} classes "
-                f"(labels 0..{classes - 1})"
-            )
+    tasks.check_targets(task, data)
     outputs = outputs_per_image(model, image_size)
     if outputs is not None and outputs != classes:
         raise UserError(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from repro import tasks
 from repro.runtime import distributed
 from repro.runtime.memory_format import MemoryFormat
 from repro.runtime.precision import Precision
@@ -92,7 +93,7 @@ class LoopSettings:
             halt_at_step=trainer.halt_at_step,
             save_checkpoints=bool(trainer.save_checkpoints),
             fingerprint_every_steps=int(logger.fingerprint_every_steps),
-            monitor=str(trainer.monitor),
+            monitor=tasks.monitor(cfg),
             monitor_mode=str(trainer.monitor_mode),
             patience=trainer.patience,
             accumulate_steps=int(trainer.accumulate_steps),

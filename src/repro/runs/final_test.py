@@ -36,9 +36,12 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
         tta, objective = trainer.settings.tta, trainer.objective
         result = evaluate(
             model, one_pass, trainer.data.to_device, prepare, autocast, trainer.dist, tta,
-            objective=objective, scores=trainer.scores,
+            objective=objective, scores=trainer.scores, label_names=trainer.classes,
         )  # fmt: skip
-    log.info("test (%s weights) | loss %.4f acc %.4f", which, result["loss"], result["acc"])
+    mean_ap = f" map {result['map']:.4f}" if "map" in result else ""  # multi-label
+    log.info(
+        "test (%s weights) | loss %.4f acc %.4f%s", which, result["loss"], result["acc"], mean_ap
+    )
     # test_loss, test_acc, test_<term>, test_<metric> (a confusion matrix included)
     return {**evaluation_columns("test", result, matrices=True), "test_weights": which}
 

@@ -119,16 +119,21 @@ def read_job(folder: Path) -> Job:
         error = "no summary.json (the job was killed or is still running)"
     elif not summary.get("completed", True):
         error = f"stopped at step {summary.get('step')} (signal {summary.get('stopped_by_signal')})"
-    return Job(folder.name, list(overrides), summary, error, monitor=_monitor(folder))
+    return Job(folder.name, list(overrides), summary, error, monitor=_monitor(folder, summary))
 
 
-def _monitor(folder: Path) -> tuple[str, str] | None:
+def _monitor(folder: Path, summary: dict[str, Any]) -> tuple[str, str] | None:
     """The job's (trainer.monitor, trainer.monitor_mode): which side of its monitored column
-    the user called better. None where .hydra/config.yaml does not say (its absence or damage
-    costs the report only that)."""
+    the user called better (`auto` as the run resolved it: its summary's `best_<column>`).
+    None where .hydra/config.yaml does not say (its absence or damage costs the report only
+    that)."""
     try:
         trainer = (yaml.safe_load((folder / ".hydra" / "config.yaml").read_text()) or {})["trainer"]
-        return str(trainer["monitor"]), str(trainer["monitor_mode"])
+        monitor = str(trainer["monitor"])
+        if monitor == "auto":
+            named = [key for key in summary if key.startswith("best_") and key != "best_step"]
+            monitor = named[0].removeprefix("best_") if len(named) == 1 else monitor
+        return monitor, str(trainer["monitor_mode"])
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, RecursionError):
         return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from repro.files import atomic_path, complete_lines, write_text_atomic, writing
 
 # Columns the log line shows in its own format; any other (an objective's term, the weight
 # average's results) follows them as `name value`.
+PER_LABEL = re.compile(r"_(ap|f1)_")  # a multi-label objective's column per label
 LOGGED = {"epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "images_per_s"}
 LOGGED |= {"data_wait_frac", "train_s"}
 STEP_LOSS = "train_loss_step"  # every step's training loss, for TensorBoard and the trackers
@@ -78,17 +80,22 @@ class MetricsLog:
             self.writer.flush()
         for tracker in self.trackers:
             tracker.metrics(values, values["step"])
+        # Per-label figures (`val_ap_cat` ...) are metrics.csv's, too many for a line.
         others = " ".join(
-            f"{key} {value:.4g}" for key, value in values.items() if key not in LOGGED
+            f"{key} {value:.4g}"
+            for key, value in values.items()
+            if key not in LOGGED and not PER_LABEL.search(key)
+        )
+        validation = "".join(
+            f" {key} {values[key]:.4f}" for key in ("val_loss", "val_acc") if key in values
         )
         log.info(
-            "epoch %d step %d | train_loss %.4f val_loss %.4f val_acc %.4f | lr %.4g | "
+            "epoch %d step %d | train_loss %.4f%s | lr %.4g | "
             "%.0f img/s, %.1f%% waiting for data%s",
             values["epoch"],
             values["step"],
             values["train_loss"],
-            values["val_loss"],
-            values["val_acc"],
+            validation,
             values["lr"],
             values["images_per_s"],
             100 * values["data_wait_frac"],
@@ -135,10 +142,12 @@ def plot_curves(metrics_csv: Path, out: Path) -> None:
     steps = [r["step"] for r in rows]
     figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(10, 4))
     loss_axis.plot(steps, [r["train_loss"] for r in rows], marker="o", label="train")
-    loss_axis.plot(steps, [r["val_loss"] for r in rows], marker="o", label="validation")
+    if any("val_loss" in r for r in rows):  # none without a validation split
+        loss_axis.plot(steps, [r.get("val_loss") for r in rows], marker="o", label="validation")
     loss_axis.set(xlabel="step", ylabel="loss", title="loss")
     loss_axis.legend()
-    acc_axis.plot(steps, [r["val_acc"] for r in rows], marker="o", color="tab:green")
+    if any("val_acc" in r for r in rows):
+        acc_axis.plot(steps, [r["val_acc"] for r in rows], marker="o", color="tab:green")
     acc_axis.set(xlabel="step", ylabel="accuracy", title="validation accuracy", ylim=(0, 1))
     for axis in (loss_axis, acc_axis):
         axis.grid(alpha=0.3)
