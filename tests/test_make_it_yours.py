@@ -58,7 +58,8 @@ def project(tmp_path_factory) -> Path:
             "conf/data/numpy_files.yaml", f"src/{NAME}/top5.py",
             f"src/{NAME}/labelled_folder.py", "conf/data/labelled_folder.yaml",
             f"src/{NAME}/distillation.py", "conf/objective/distillation.yaml",
-            f"src/{NAME}/early_stopping.py", f"src/{NAME}/grad_norms.py"} <= set(files)  # fmt: skip
+            f"src/{NAME}/early_stopping.py", f"src/{NAME}/grad_norms.py",
+            f"src/{NAME}/mistakes.py"} <= set(files)  # fmt: skip
     for rel, text in files.items():
         assert not (dest / rel).exists(), f"{rel}: the README's file must be a new one"
         (dest / rel).write_text(text)
@@ -183,6 +184,38 @@ def test_a_callback_with_state_writes_the_same_files_after_a_kill_and_resume(pro
     assert (killed / "confusion.json").read_bytes() == (
         tmp_path / "straight" / "confusion.json"
     ).read_bytes()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_mistakes_callback_writes_each_classs_wrong_images_and_is_refused_for_multi_label(
+    project, tmp_path
+):
+    from torchvision.io import read_image
+
+    mistakes = f"+callbacks.mistakes._target_={NAME}.mistakes.Mistakes"
+    run_dir = tmp_path / "run"
+    trained(project, run_dir, *TINY, "trainer.max_steps=3", mistakes, CONFUSION)
+    matrix = json.loads((run_dir / "confusion.json").read_text())["3"]
+    names = list(synthetic.CLASSES)  # the default data's classes, in label order
+    wrong = {names[i]: sum(row) - row[i] for i, row in enumerate(matrix)}
+    expected = {name: min(8, count) for name, count in wrong.items() if count}
+    assert expected, "a model after 3 steps gets some validation images wrong"
+    strips = {
+        path.name.removeprefix("000003-").removesuffix(".png"): read_image(str(path))
+        for path in (run_dir / "mistakes").glob("*.png")
+    }
+    # One strip per class with mistakes: up to 8 images of 32 pixels, a pixel of padding around
+    # each (make_grid returns a lone image as it is).
+    assert {name: (strip.shape[-1] + 1) // 33 for name, strip in strips.items()} == expected
+    refused = run(project, *TINY, mistakes, "objective=multilabel_bce", "data=synthetic_multilabel",
+                  f"hydra.run.dir={tmp_path / 'multi'}")  # fmt: skip
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .endswith("a multi-label objective has no single class per image to score")
+    )
 
 
 @pytest.fixture(scope="module")
