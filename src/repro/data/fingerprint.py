@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.data.datasets import Source, Splits
-from repro.data.sources import ImageFiles, TensorImages, in_memory
+from repro.data.sources import ImageFiles, TensorImages, in_memory, target_text
 from repro.files import write_json_atomic
 
 CACHE_AFTER_S = 1.0
@@ -54,7 +54,7 @@ def _files_digest(source: ImageFiles, root: Path) -> str:
     described = hashlib.sha256()  # the same without times: part of the fingerprint itself
     for path, label in zip(source.paths, source.labels, strict=True):
         stat = path.stat()
-        entry = f"{os.path.relpath(path, root)}\0{stat.st_size}\0{label}\n"
+        entry = f"{os.path.relpath(path, root)}\0{stat.st_size}\0{target_text(label)}\n"
         described.update(entry.encode())
         listing.update(f"{path.resolve()}\0{stat.st_mtime_ns}\0{entry}".encode())
     cached = cache_dir() / f"{listing.hexdigest()}.json"
@@ -76,7 +76,7 @@ def _samples_digest(source: Source) -> str:
     digest = hashlib.sha256()
     for index in range(len(source)):
         image, label = source[index]
-        digest.update(f"{tuple(image.shape)}|{int(label)}|".encode())
+        digest.update(f"{tuple(image.shape)}|{target_text(label)}|".encode())
         digest.update(image.contiguous().numpy().tobytes())
     return digest.hexdigest()
 

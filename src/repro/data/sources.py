@@ -103,6 +103,14 @@ def stack_targets(targets: torch.Tensor | Sequence[Any]) -> torch.Tensor:
     return torch.tensor(list(targets), dtype=torch.int64)
 
 
+def target_text(target: Any) -> str:
+    """A target as text for a digest or a comparison: a class index as its number, a tensor
+    (a multi-hot row, soft labels) as its dtype, shape and values."""
+    if isinstance(target, torch.Tensor) and target.dim() > 0:
+        return f"{str(target.dtype).removeprefix('torch.')}{tuple(target.shape)}{target.tolist()}"
+    return str(int(target))
+
+
 class ImageFiles:
     """Image files on disk, decoded to RGB on access (`decode_file`), and a target for each
     (a class index, or a tensor such as a multi-hot row)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from repro.data.sources import stack_targets, target_text
 from repro.errors import ConfigError
 from repro.runs.fingerprint_log import first_divergence
 from repro.testkit.project import Project, result_files, steps
@@ -33,10 +34,10 @@ ITEM_RULE = (
 )
 
 
-def _item(source: Any, index: int) -> tuple[tuple[int, ...], bytes, int]:
+def _item(source: Any, index: int) -> tuple[tuple[int, ...], bytes, str]:
     image, label = source[index]
     image = torch.as_tensor(image)
-    return tuple(image.shape), image.contiguous().numpy().tobytes(), int(label)
+    return tuple(image.shape), image.contiguous().numpy().tobytes(), target_text(label)
 
 
 def test_data_gives_the_same_split_for_the_same_seed(repro_project: Project, data_option: str):
@@ -108,7 +109,7 @@ def test_objective_returns_per_image_or_batch_terms(repro_project: Project, obje
     _, evaluation = build.pipelines(cfg, data.resized, data.any_size, norm)
     items = [data.train[index] for index in range(min(8, len(data.train)))]
     uint8 = torch.stack([evaluation(torch.as_tensor(image), None) for image, _ in items])
-    labels = torch.tensor([int(label) for _, label in items])
+    labels = stack_targets([label for _, label in items])
     # Normalised as the loop's batches are (on the CPU: this check needs no GPU).
     images, labels = build.device_batches(cfg, torch.device("cpu"), norm)(uint8, labels)
     objective = build.objective(cfg)  # checks its first result, in one line naming the term
