@@ -58,7 +58,8 @@ def test_an_unreadable_image_in_a_worker_is_one_clean_line(tmp_path):
     (root / "train" / "bar" / "broken.png").write_bytes(b"this is not a png")
     done = run_cli(
         "repro.train", *IMAGEFOLDER, f"data.root={root}", "dataloader=default",
-        "trainer.batch_size=2", f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.batch_size=2", "trainer.test_weights=last",  # 6 validation images
+        f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert done.returncode == 2
     assert "broken.png: not a readable image" in done.stderr

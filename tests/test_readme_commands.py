@@ -101,9 +101,11 @@ def test_the_readme_commands_run_as_written(checkpoint, tmp_path):
             if words[2] == "repro.train":
                 words += [*SHORT, f"hydra.run.dir={tmp_path / f'run{ran}'}"]
             if "images=FOLDER_OR_FILE" in words:
-                images = make_image_tree(tmp_path / "images", 2)
+                images = tmp_path / "images"
+                if not images.exists():  # one tree for every predict command
+                    make_image_tree(images, 2)
                 words[words.index("images=FOLDER_OR_FILE")] = f"images={images / 'train'}"
-                words.append(f"out={tmp_path / 'predictions.csv'}")
+                words.append(f"out={tmp_path / f'predictions{ran}.csv'}")
         elif words[0] == "python" and words[1] == "scripts/new_project.py":
             words = [sys.executable, *words[1:]]
             if "--dest" in words:

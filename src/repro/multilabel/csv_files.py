@@ -7,8 +7,9 @@ The header names the labels (after the first column, the image's path relative t
 `train_file` is required; `val_file` and `test_file` may be null: without a validation file,
 `data.val_size` rows of the training file are held out (seeded by the run's seed; 0 keeps
 every row for training), and without a test file the validation split stands in for it. A value
-may be any number in [0, 1] (a soft label); anything else, a row of the wrong length, a header
-that differs between files or a missing image is one line naming the file and its line.
+may be any number in [0, 1] (a soft label); anything else, a row of the wrong length, a path
+that leaves data.root (absolute, or through ..), a missing image or a header that differs
+between files is one line naming the file and its line.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from repro.data.datasets import Splits, carve_validation, folder
 from repro.data.sources import ImageFiles
-from repro.errors import DataError
+from repro.errors import ConfigError, DataError
 
 
 def csv_labels(
@@ -43,6 +44,9 @@ def csv_labels(
     test = val
     if test_file is not None:
         test = _same_labels(labels, *read_listing(root, test_file), test_file)
+    if cfg.num_classes is not None and cfg.num_classes != len(labels):
+        allowed = f"{root / train_file} names {len(labels)} labels (or null to take them)"
+        raise ConfigError("data.num_classes", cfg.num_classes, allowed)
     return Splits(train, val, test, labels, any_size=True)
 
 
@@ -65,7 +69,10 @@ def read_listing(root: Path, name: str) -> tuple[list[str], ImageFiles]:
         if len(row) != len(labels) + 1:
             said = f"{len(row)} fields, the header has {len(labels) + 1}"
             raise DataError(f"{listing}, line {line}: {said}")
-        path = root / row[0]
+        named = Path(row[0])
+        if named.is_absolute() or ".." in named.parts:
+            raise DataError(f"{listing}, line {line}: {row[0]} is not a path inside data.root")
+        path = root / named
         if not path.is_file():
             raise DataError(f"{listing}, line {line}: no image file {path}")
         paths.append(path)
