@@ -322,6 +322,59 @@ def test_a_project_composes_the_engines_groups_and_its_own_option_wins(lab, tmp_
     assert cfg.optimizer.lr == 0.123  # the project's sgd, not the engine's
 
 
+PLAIN = """# @package _global_
+defaults:
+  - override /data: synthetic
+  - override /objective: cross_entropy
+callbacks:
+  confusion: null
+trainer:
+  epochs: 3
+"""
+
+
+@pytest.mark.e2e
+def test_an_experiments_choices_win_over_the_projects_and_the_kit_names_a_dropped_one(
+    lab, tmp_path
+):
+    from hydra import compose, initialize_config_dir
+
+    from repro.testkit.project import Project
+
+    conf = shutil.copytree(lab / "conf", tmp_path / "conf")
+    (conf / "experiment" / "plain.yaml").write_text(PLAIN)
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        default = compose("config")
+        plain = compose("config", overrides=["experiment=plain"])
+        chosen = compose("config", overrides=["experiment=plain", "data=stripes"])
+    assert default.data._target_ == f"{LAB}.stripes.stripes" and default.callbacks.confusion
+    assert plain.data._target_ == f"{TEMPLATE}.data.datasets.synthetic"
+    assert plain.objective._target_ == f"{TEMPLATE}.objectives.CrossEntropy"
+    assert plain.callbacks.confusion is None and plain.trainer.epochs == 3
+    assert chosen.data._target_ == f"{LAB}.stripes.stripes"  # the command line wins over both
+    project = Project(conf)
+    assert project.dropped_choices("plain") == []
+    summary = project.train(tmp_path / "run", "experiment=plain")  # no code of the project's
+    resolved = (tmp_path / "run" / "resolved_config.yaml").read_text()
+    assert f"_target_: {TEMPLATE}.data.datasets.synthetic" in resolved
+    assert f"{LAB}.confusion" not in resolved and summary["weights_sha256"]
+
+    # A project that makes its choices in config.yaml (after the engine's list, experiments
+    # included) would run the wrong data silently: the kit names each choice it drops.
+    (conf / "project" / "default.yaml").unlink()
+    (conf / "config.yaml").write_text(
+        "defaults:\n  - engine\n  - override data: stripes\n  - override objective: "
+        "logit_penalty\n  - _self_\nhydra:\n  searchpath:\n    - pkg://"
+        f"{TEMPLATE}.conf\ncallbacks:\n  confusion:\n    _target_: {LAB}.confusion.ConfusionLog\n"
+    )
+    dropped = project.dropped_choices("plain")
+    assert dropped[:2] == [
+        "data=synthetic (composed: stripes)",
+        "objective=cross_entropy (composed: logit_penalty)",
+    ]
+    assert len(dropped) == 3 and dropped[2].startswith("callbacks.confusion: None (composed: ")
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_fresh_clone_of_a_project_sets_up_trains_and_tests_within_its_budget(lab, tmp_path):

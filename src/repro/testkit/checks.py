@@ -159,6 +159,12 @@ def test_stateful_part_resumes_bit_for_bit(
 def test_experiment_composes_and_runs(
     repro_project: Project, experiment_option: str, tmp_path: Path
 ):
+    dropped = repro_project.dropped_choices(experiment_option)
+    assert not dropped, (
+        f"experiment={experiment_option} is not what runs: it asks for {'; '.join(dropped)}; "
+        "something composed after it overrides that (a project's own choices belong in "
+        "conf/project/default.yaml, which comes before experiments, not in conf/config.yaml)"
+    )
     summary = repro_project.train(tmp_path / "run", f"experiment={experiment_option}")
     assert summary.get("weights_sha256"), f"experiment={experiment_option}: no weights recorded"
 

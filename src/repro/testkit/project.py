@@ -63,6 +63,31 @@ class Project:
         with initialize_config_dir(config_dir=str(self.conf), version_base="1.3"):
             return compose("config", overrides=[*QUICK, *overrides])
 
+    def dropped_choices(self, experiment: str) -> list[str]:
+        """What `experiment=<experiment>` asks for that the config `make train` composes with
+        it does not hold: each `override /group: option` of the file's defaults list and each
+        value it sets, as `group=option (composed: other)` or `key: value (composed: other)`."""
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        import repro.train  # noqa: F401  registers the engine's schema and resolvers
+
+        asked = OmegaConf.load(self.conf / "experiment" / f"{experiment}.yaml")
+        with initialize_config_dir(config_dir=str(self.conf), version_base="1.3"):
+            cfg = compose("config", [f"experiment={experiment}"], return_hydra_config=True)
+        choices, dropped = cfg.hydra.runtime.choices, []
+        for entry in OmegaConf.to_container(asked).get("defaults") or []:
+            for key, option in entry.items() if isinstance(entry, dict) else ():
+                group = str(key).removeprefix("override").strip().lstrip("/")
+                if str(key).startswith("override ") and choices.get(group) != option:
+                    dropped.append(f"{group}={option} (composed: {choices.get(group)})")
+        own = OmegaConf.masked_copy(asked, [key for key in asked if key != "defaults"])
+        for key, value in _leaves(OmegaConf.to_container(own, resolve=False)):
+            found = OmegaConf.select(cfg, key, default=None)
+            if found != value and not (isinstance(value, str) and "${" in value):
+                dropped.append(f"{key}: {value!r} (composed: {found!r})")
+        return dropped
+
     def train(self, run_dir: Path, *overrides: str) -> dict[str, Any]:
         """A tiny run in this process; returns what summary.json holds. Run again in the same
         folder, it resumes from the last checkpoint, as `make train` does."""
@@ -101,6 +126,16 @@ class Project:
                 f"the run on {processes} processes exited {done.returncode}: "
                 f"{done.stderr.strip()[-1500:]}"
             )
+
+
+def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a plain nested dict (a list is one leaf)."""
+    if not isinstance(node, dict) or not node:
+        return [(prefix, node)] if prefix else []
+    found: list[tuple[str, Any]] = []
+    for key, value in node.items():
+        found += _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    return found
 
 
 def steps(run_dir: Path) -> list[Row]:
