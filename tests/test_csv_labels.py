@@ -48,14 +48,22 @@ def test_the_header_names_the_labels_and_each_row_is_a_path_and_its_targets(root
         (["path"], "train.csv: the header must be path,label_a,label_b,..."),
         (["path,x,y"], "train.csv: no rows under the header"),
         (["path,x,y", "a.png,1"], "train.csv, line 2: 2 fields, the header has 3"),
-        (["path,x,y", "a.png,1,0", "b.png,1,yes"],
-         "train.csv, line 3: label values must be numbers in [0, 1]"),
+        (
+            ["path,x,y", "a.png,1,0", "b.png,1,yes"],
+            "train.csv, line 3: label values must be numbers in [0, 1]",
+        ),
         (["path,x,y", "a.png,2,0"], "train.csv, line 2: label values must be numbers in [0, 1]"),
         (["path,x,y", "z.png,1,0"], "train.csv, line 2: no image file"),
-        (["path,x,y", "../a.png,1,0"], "train.csv, line 2: ../a.png is not a path inside data.root"),
-        (["path,x,y", "/etc/passwd,1,0"], "train.csv, line 2: /etc/passwd is not a path inside data.root"),
+        (
+            ["path,x,y", "../a.png,1,0"],
+            "train.csv, line 2: ../a.png is not a path inside data.root",
+        ),
+        (
+            ["path,x,y", "/etc/passwd,1,0"],
+            "train.csv, line 2: /etc/passwd is not a path inside data.root",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_mistake_in_a_listing_is_one_line_naming_its_file_and_line(root, lines, said):
     write(root, "train.csv", *lines)
     with pytest.raises(DataError) as refused:

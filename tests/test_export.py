@@ -749,9 +749,14 @@ def test_main_passes_data_root_and_trust_on(tmp_path, monkeypatch, capsys):
     folder = [o for o in IMAGEFOLDER if not o.startswith("model.")]
     spectral = "model._target_=colleague_nets.spectral_net"  # outside conf/: needs trust
     train_in_process(
-        run_dir, *folder, f"data.root={tree}", "trainer.max_steps=2", "model=torchvision", spectral,
+        run_dir,
+        *folder,
+        f"data.root={tree}",
+        "trainer.max_steps=2",
+        "model=torchvision",
+        spectral,
         "trainer.test_weights=last",  # 12 validation images: too few to select by
-    )  # fmt: skip
+    )
     moved = tree.rename(tmp_path / "moved")  # another machine's path
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):

@@ -53,13 +53,21 @@ def project(tmp_path_factory) -> Path:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     files = readme_files((dest / "README.md").read_text())
-    assert {f"src/{NAME}/logit_penalty.py", "conf/objective/logit_penalty.yaml",
-            f"src/{NAME}/confusion.py", f"src/{NAME}/numpy_files.py",
-            "conf/data/numpy_files.yaml", f"src/{NAME}/top5.py",
-            f"src/{NAME}/labelled_folder.py", "conf/data/labelled_folder.yaml",
-            f"src/{NAME}/distillation.py", "conf/objective/distillation.yaml",
-            f"src/{NAME}/early_stopping.py", f"src/{NAME}/grad_norms.py",
-            f"src/{NAME}/mistakes.py"} <= set(files)  # fmt: skip
+    assert {
+        f"src/{NAME}/logit_penalty.py",
+        "conf/objective/logit_penalty.yaml",
+        f"src/{NAME}/confusion.py",
+        f"src/{NAME}/numpy_files.py",
+        "conf/data/numpy_files.yaml",
+        f"src/{NAME}/top5.py",
+        f"src/{NAME}/labelled_folder.py",
+        "conf/data/labelled_folder.yaml",
+        f"src/{NAME}/distillation.py",
+        "conf/objective/distillation.yaml",
+        f"src/{NAME}/early_stopping.py",
+        f"src/{NAME}/grad_norms.py",
+        f"src/{NAME}/mistakes.py",
+    } <= set(files)
     for rel, text in files.items():
         assert not (dest / rel).exists(), f"{rel}: the README's file must be a new one"
         (dest / rel).write_text(text)
@@ -208,8 +216,14 @@ def test_the_mistakes_callback_writes_each_classs_wrong_images_and_is_refused_fo
     # One strip per class with mistakes: up to 8 images of 32 pixels, a pixel of padding around
     # each (make_grid returns a lone image as it is).
     assert {name: (strip.shape[-1] + 1) // 33 for name, strip in strips.items()} == expected
-    refused = run(project, *TINY, mistakes, "objective=multilabel_bce", "data=synthetic_multilabel",
-                  f"hydra.run.dir={tmp_path / 'multi'}")  # fmt: skip
+    refused = run(
+        project,
+        *TINY,
+        mistakes,
+        "objective=multilabel_bce",
+        "data=synthetic_multilabel",
+        f"hydra.run.dir={tmp_path / 'multi'}",
+    )
     assert refused.returncode == 2
     assert (
         refused.stderr.strip()

@@ -61,8 +61,9 @@ def test_a_multi_label_run_logs_and_monitors_map_and_its_labels(tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_killed_run_reruns_to_the_straight_weights(kind, tmp_path):
     env = {"PYTHONPATH": TESTS}
-    straight = run_cli("repro.train", *RESUMABLE, *KINDS[kind], f"hydra.run.dir={tmp_path / 's'}",
-                       env=env)  # fmt: skip
+    straight = run_cli(
+        "repro.train", *RESUMABLE, *KINDS[kind], f"hydra.run.dir={tmp_path / 's'}", env=env
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
     command = [
         *RESUMABLE,
@@ -80,9 +81,13 @@ def test_a_killed_run_reruns_to_the_straight_weights(kind, tmp_path):
 
 
 INVARIANT = tiny(
-    "trainer.epochs=1", "trainer.global_batch=true", "trainer.world_invariant=true",
-    "trainer.micro_batch=16", "trainer.num_threads=1", "dataloader.num_workers=0",
-)  # fmt: skip
+    "trainer.epochs=1",
+    "trainer.global_batch=true",
+    "trainer.world_invariant=true",
+    "trainer.micro_batch=16",
+    "trainer.num_threads=1",
+    "dataloader.num_workers=0",
+)
 
 
 @pytest.mark.e2e
@@ -90,8 +95,9 @@ INVARIANT = tiny(
 @pytest.mark.parametrize("kind", KINDS)
 def test_world_invariant_runs_give_the_same_weights_on_one_and_two_processes(kind, tmp_path):
     env = {"PYTHONPATH": TESTS}
-    one = run_cli("repro.train", *INVARIANT, *KINDS[kind], f"hydra.run.dir={tmp_path / '1'}",
-                  env=env)  # fmt: skip
+    one = run_cli(
+        "repro.train", *INVARIANT, *KINDS[kind], f"hydra.run.dir={tmp_path / '1'}", env=env
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     two = torchrun(*INVARIANT, *KINDS[kind], f"hydra.run.dir={tmp_path / '2'}", env=env)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -150,8 +156,12 @@ def test_evaluate_predict_and_export_work_on_a_multi_label_run(
         assert said == [name.removeprefix("p_") for name in above]
         assert all(0 <= float(row[name]) <= 1 for name in row if name.startswith("p_"))
 
-    done = run_cli("repro.export", f"ckpt={multi_label_run}", "format=torchscript",
-                   f"out={tmp_path / 'model.pt'}")  # fmt: skip
+    done = run_cli(
+        "repro.export",
+        f"ckpt={multi_label_run}",
+        "format=torchscript",
+        f"out={tmp_path / 'model.pt'}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "model.pt").exists() and (tmp_path / "model.pt.json").exists()
 
@@ -173,8 +183,9 @@ def test_a_run_on_every_image_resumes_exactly(tmp_path):
     command = [*RESUMABLE, "data.val_size=0", "trainer.test_weights=last"]
     straight = run_cli("repro.train", *command, f"hydra.run.dir={tmp_path / 's'}")
     assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = run_cli("repro.train", *command, f"hydra.run.dir={tmp_path / 'k'}",
-                     env={"REPRO_FAULT": "step:9"})  # fmt: skip
+    killed = run_cli(
+        "repro.train", *command, f"hydra.run.dir={tmp_path / 'k'}", env={"REPRO_FAULT": "step:9"}
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = run_cli("repro.train", *command, f"hydra.run.dir={tmp_path / 'k'}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -224,10 +235,17 @@ def test_cifar10_jpegs_with_13_labels_train_from_a_csv_and_the_built_in_metrics(
     root = tmp_path / "cifar13"
     write_13_column_csv(root, {"train": 200, "test": 50})
     summary = train_in_process(
-        tmp_path / "run", "objective=multilabel_bce", "data=csv_labels", f"data.root={root}",
-        "data.test_file=test.csv", "data.val_size=400", "trainer.epochs=3",
-        "trainer.batch_size=100", "dataloader.num_workers=2", "logger.plot=false",
-    )  # fmt: skip
+        tmp_path / "run",
+        "objective=multilabel_bce",
+        "data=csv_labels",
+        f"data.root={root}",
+        "data.test_file=test.csv",
+        "data.val_size=400",
+        "trainer.epochs=3",
+        "trainer.batch_size=100",
+        "dataloader.num_workers=2",
+        "logger.plot=false",
+    )
     # By chance, average precision is each label's share: 0.1 for the classes, 0.6, 0.4, 0.2.
     assert summary["val_map"] > 0.3 and summary["test_map"] > 0.3
     assert {"val_ap_has_wings", "val_f1_vehicle", "test_ap_animal"} <= set(summary)

@@ -23,9 +23,11 @@ from conftest import (
 
 # 3 classes x 12 images, batches of 12: 3 steps an epoch, 12 in all; a checkpoint every 2.
 FOLDER = [
-    *IMAGEFOLDER, "trainer.checkpoint_every_steps=2", "trainer.keep_checkpoints=3",
+    *IMAGEFOLDER,
+    "trainer.checkpoint_every_steps=2",
+    "trainer.keep_checkpoints=3",
     "trainer.test_weights=last",  # the trees' few validation images: too few to select by
-]  # fmt: skip
+]
 
 # Every way a run reads its data, each with the step it is halted at.
 DATA_OPTIONS = {

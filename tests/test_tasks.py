@@ -133,8 +133,11 @@ def test_multi_label_metrics_name_each_label_and_leave_absent_ones_out_of_the_me
 
 def test_column_names_are_identifiers_and_unique():
     assert tasks.column_names(["Has Wings", "has-wings", "ünï", "?"]) == [
-        "has_wings", "has_wings_1", "ünï", "3"
-    ]  # fmt: skip
+        "has_wings",
+        "has_wings_1",
+        "ünï",
+        "3",
+    ]
 
 
 class Linear(torch.nn.Module):
@@ -157,9 +160,15 @@ def _evaluate(images, targets, batch, objective, **options):
     ]
     same = lambda x, y: (x, y)  # noqa: E731
     return evaluate(
-        Linear(), batches, same, lambda x: x, _no_autocast, objective=objective,
-        keep_predictions=True, **options,
-    )  # fmt: skip
+        Linear(),
+        batches,
+        same,
+        lambda x: x,
+        _no_autocast,
+        objective=objective,
+        keep_predictions=True,
+        **options,
+    )
 
 
 def test_a_multi_label_evaluation_does_not_depend_on_the_batch_size():
@@ -234,26 +243,58 @@ LAST = "trainer.test_weights=last (or ema with +components=ema)"
 @pytest.mark.parametrize(
     ("overrides", "refused"),
     [
-        (["data.val_size=0"], ("trainer.test_weights", "best",
-                               f"{LAST}: data.val_size=0 leaves no validation split")),
-        (["data.val_size=0", "trainer.test_weights=last", "trainer.patience=3"],
-         ("trainer.patience", 3, "null: data.val_size=0 leaves no validation split")),
-        (["data.val_size=0", "trainer.test_weights=last", "trainer.monitor=val_loss"],
-         ("trainer.monitor", "val_loss", "auto (nothing is monitored): data.val_size=0 leaves no "
-          f"validation split; test with {LAST}")),
-        (["objective=multilabel_bce", "data=synthetic_multilabel", "metrics=[top5]"],
-         ("metrics.top5", "torchmetrics.classification.MulticlassAccuracy",
-          "a multi-label objective has no single class per image to score")),
-        (["objective=multilabel_bce", "data=synthetic_multilabel",
-          "+callbacks.c._target_=test_tasks.Confusion"],
-         ("callbacks.c", "test_tasks.Confusion",
-          "a multi-label objective has no single class per image to score")),
-        (["objective._target_=test_tasks.Unmixed", "~objective.label_smoothing",
-          "augment.cutmix_alpha=1.0"],
-         ("augment.cutmix_alpha", 1.0, "0: a multi-label objective must say that blending its "
-          "targets means something (mixes = True, as multilabel_bce does)")),
+        (
+            ["data.val_size=0"],
+            ("trainer.test_weights", "best", f"{LAST}: data.val_size=0 leaves no validation split"),
+        ),
+        (
+            ["data.val_size=0", "trainer.test_weights=last", "trainer.patience=3"],
+            ("trainer.patience", 3, "null: data.val_size=0 leaves no validation split"),
+        ),
+        (
+            ["data.val_size=0", "trainer.test_weights=last", "trainer.monitor=val_loss"],
+            (
+                "trainer.monitor",
+                "val_loss",
+                "auto (nothing is monitored): data.val_size=0 leaves no "
+                f"validation split; test with {LAST}",
+            ),
+        ),
+        (
+            ["objective=multilabel_bce", "data=synthetic_multilabel", "metrics=[top5]"],
+            (
+                "metrics.top5",
+                "torchmetrics.classification.MulticlassAccuracy",
+                "a multi-label objective has no single class per image to score",
+            ),
+        ),
+        (
+            [
+                "objective=multilabel_bce",
+                "data=synthetic_multilabel",
+                "+callbacks.c._target_=test_tasks.Confusion",
+            ],
+            (
+                "callbacks.c",
+                "test_tasks.Confusion",
+                "a multi-label objective has no single class per image to score",
+            ),
+        ),
+        (
+            [
+                "objective._target_=test_tasks.Unmixed",
+                "~objective.label_smoothing",
+                "augment.cutmix_alpha=1.0",
+            ],
+            (
+                "augment.cutmix_alpha",
+                1.0,
+                "0: a multi-label objective must say that blending its "
+                "targets means something (mixes = True, as multilabel_bce does)",
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_the_task_or_the_missing_split_cannot_do_is_refused_before_any_data(
     overrides, refused
 ):
