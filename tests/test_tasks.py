@@ -338,3 +338,26 @@ def test_selecting_on_too_few_validation_images_is_refused_with_the_split_size(i
     cfg.trainer.patience = 2
     with pytest.raises(ConfigError, match=r"trainer\.patience"):
         tasks.check_selection(cfg, images)
+
+
+def test_multilabel_bce_sums_each_labels_loss_weighs_positives_and_refuses_bad_weights():
+    logits = torch.tensor([[2.0, -1.0, 0.5], [0.0, 1.0, -2.0]])
+    targets = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    plain = MultilabelBCE()(logits, Targets(targets))["loss"]
+    per_label = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, targets, reduction="none"
+    )
+    assert torch.allclose(plain, per_label.sum(1))
+    weighted = MultilabelBCE(pos_weight=[1.0, 1.0, 3.0])(logits, Targets(targets))["loss"]
+    # Only image 0's third label is a weighted positive: its term counts three times.
+    assert torch.allclose(weighted - plain, torch.tensor([2 * float(per_label[0, 2]), 0.0]))
+    mixed = MultilabelBCE()(logits, Targets(targets, targets.flip(0), 0.25))["loss"]
+    blended = targets * 0.25 + targets.flip(0) * 0.75  # linear in the target: the blend's loss
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, blended, reduction="none"
+    ).sum(1)
+    assert torch.allclose(mixed, expected)
+    with pytest.raises(ConfigError, match=r"one number, or one per label \(3\)"):
+        MultilabelBCE(pos_weight=[1.0, 2.0])(logits, Targets(targets))
+    with pytest.raises(ConfigError, match=r"null or positive numbers"):
+        MultilabelBCE(pos_weight=0.0)
