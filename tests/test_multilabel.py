@@ -16,7 +16,7 @@ import torch
 
 from repro.multilabel.synthetic import generate
 
-from conftest import ROOT, read_summary, run_cli, tiny, torchrun, train_in_process
+from conftest import ROOT, make_image_tree, read_summary, run_cli, tiny, torchrun, train_in_process
 
 TESTS = str(ROOT / "tests")
 MULTI = ("objective=multilabel_bce", "data=synthetic_multilabel")
@@ -56,28 +56,35 @@ def test_a_multi_label_run_logs_and_monitors_map_and_its_labels(tmp_path):
     assert "val_top5" not in header
 
 
+def trained(run_dir: Path, *args: str, processes: int = 1) -> dict:
+    """A run as a command (under torchrun with 2 processes), tests/ on the path for soft_data;
+    its summary."""
+    where, env = f"hydra.run.dir={run_dir}", {"PYTHONPATH": TESTS}
+    done = (
+        torchrun(*args, where, env=env)
+        if processes == 2
+        else run_cli("repro.train", *args, where, env=env)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return read_summary(run_dir)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_killed_run_reruns_to_the_straight_weights(kind, tmp_path):
-    env = {"PYTHONPATH": TESTS}
-    straight = run_cli(
-        "repro.train", *RESUMABLE, *KINDS[kind], f"hydra.run.dir={tmp_path / 's'}", env=env
-    )
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    command = [
-        *RESUMABLE,
-        *KINDS[kind],
-        "dataloader.num_workers=2",
+    straight = trained(tmp_path / "s", *RESUMABLE, *KINDS[kind])
+    command = [*RESUMABLE, *KINDS[kind], "dataloader.num_workers=2"]
+    killed = run_cli(
+        "repro.train",
+        *command,
         f"hydra.run.dir={tmp_path / 'k'}",
-    ]
-    killed = run_cli("repro.train", *command, env={**env, "REPRO_FAULT": "step:7"})
+        env={"PYTHONPATH": TESTS, "REPRO_FAULT": "step:7"},
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = run_cli("repro.train", *command, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = read_summary(tmp_path / "k")
+    summary = trained(tmp_path / "k", *command)
     assert summary["resumed_from_step"] == 6
-    assert summary["weights_sha256"] == read_summary(tmp_path / "s")["weights_sha256"]
+    assert summary["weights_sha256"] == straight["weights_sha256"]
 
 
 INVARIANT = tiny(
@@ -94,14 +101,8 @@ INVARIANT = tiny(
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_world_invariant_runs_give_the_same_weights_on_one_and_two_processes(kind, tmp_path):
-    env = {"PYTHONPATH": TESTS}
-    one = run_cli(
-        "repro.train", *INVARIANT, *KINDS[kind], f"hydra.run.dir={tmp_path / '1'}", env=env
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = torchrun(*INVARIANT, *KINDS[kind], f"hydra.run.dir={tmp_path / '2'}", env=env)
-    assert two.returncode == 0, two.stderr[-3000:]
-    first, second = read_summary(tmp_path / "1"), read_summary(tmp_path / "2")
+    first = trained(tmp_path / "1", *INVARIANT, *KINDS[kind])
+    second = trained(tmp_path / "2", *INVARIANT, *KINDS[kind], processes=2)
     assert second["world_size"] == 2
     assert first["weights_sha256"] == second["weights_sha256"]
     for key in ("val_loss", "val_acc", *(("val_map",) if kind == "multi-label" else ())):
@@ -164,6 +165,53 @@ def test_evaluate_predict_and_export_work_on_a_multi_label_run(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "model.pt").exists() and (tmp_path / "model.pt.json").exists()
+
+
+def test_image_files_with_multi_hot_rows_from_a_csv_train_alike_with_workers_and_a_cache(
+    tmp_path,
+):
+    """The per-sample path (files decoded one by one) and the decoded cache carry
+    multi-hot rows as the in-memory path does: the same weights for 0 and 2 workers."""
+    tree = make_image_tree(tmp_path / "tree", 8, side=40)  # one size: the cache is exact
+    rows = ["path,circle,square,animal"]
+    for path in sorted((tree / "train").rglob("*.png")):
+        shape = path.parent.name
+        rows.append(f"{path.relative_to(tree)},{int(shape == 'circle')},{int(shape == 'square')},1")
+    (tree / "train.csv").write_text("\n".join(rows) + "\n")
+    test_rows = [rows[0]] + [
+        f"{path.relative_to(tree)},{int(path.parent.name == 'circle')},"
+        f"{int(path.parent.name == 'square')},1"
+        for path in sorted((tree / "val").rglob("*.png"))
+    ]
+    (tree / "test.csv").write_text("\n".join(test_rows) + "\n")
+    args = [
+        *MULTI[:1],
+        "data=csv_labels",
+        "data.test_file=test.csv",
+        f"data.root={tree}",
+        "data.val_size=0",
+        "trainer.test_weights=last",
+        "trainer.batch_size=6",
+        "trainer.epochs=1",
+        "model.widths=[8,16]",
+        "logger.plot=false",
+        "data.resize=36",
+    ]
+    runs = {
+        name: train_in_process(tmp_path / name, *args, *extra)
+        for name, extra in {
+            "none": ["dataloader.num_workers=0"],
+            "two": ["dataloader.num_workers=2"],
+            "cached": ["dataloader.num_workers=0", "data.cache=memory"],
+        }.items()
+    }
+    assert runs["none"]["weights_sha256"] == runs["two"]["weights_sha256"]
+    assert runs["none"]["weights_sha256"] == runs["cached"]["weights_sha256"]
+    assert runs["none"]["data"]["splits"]["train"]["images"] == 24
+    assert {"test_ap_circle", "test_f1_animal", "test_map"} <= set(runs["none"])
+    # Without a test file the empty validation split would stand in: nothing is tested.
+    untested = train_in_process(tmp_path / "untested", *args, "data.test_file=null")
+    assert untested["completed"] and "test_acc" not in untested
 
 
 def test_training_on_every_image_evaluates_nothing_between_epochs_and_tests_the_last(tmp_path):

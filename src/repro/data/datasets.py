@@ -181,7 +181,8 @@ def decode_splits(splits: Splits, data_cfg: Any, progress: str = "auto") -> Spli
     decoded: dict[int, TensorImages] = {}
     for name in ("train", "val", "test"):
         source = getattr(splits, name)
-        if in_memory(source) is None and id(source) not in decoded:
+        # An empty split (data.val_size=0) has nothing to decode and is never read.
+        if in_memory(source) is None and id(source) not in decoded and len(source):
             decoded[id(source)] = decode(source, data_cfg, name, progress)
     if not decoded:
         return splits

@@ -53,7 +53,7 @@ class SplitOutputs:
     index in the split, its target as the dataset gave it, the logits (with `trainer.tta`, the
     views' mean) and the prediction the objective's task makes of them."""
 
-    indices: torch.Tensor  # int64 (N,): split.source[i] is the image of row i
+    indices: torch.Tensor  # int64 (N,): row i is the split's sample indices[i] (loop.val_sample)
     targets: torch.Tensor  # (N,) class indices, or (N, classes) rows
     logits: torch.Tensor  # float32 (N, classes)
     predicted: torch.Tensor  # (N,) classes, or (N, classes) 0/1 labels

@@ -25,6 +25,9 @@ def test_after_fit(cfg: Any, trainer: Trainer, parts: Any) -> dict[str, Any]:
     finished = trainer.state.stopped_early or trainer.state.position.step >= trainer.total_steps
     if not cfg.trainer.test_after_fit or not finished:
         return {}
+    if len(parts.data.test) == 0:  # data.val_size=0 and no test split of its own to stand in
+        log.warning("no test split (the validation split stood in for it and is empty): not tested")
+        return {}
     which, model = _weights(cfg.trainer.test_weights, trainer)
     data = parts.data
     norm = parts.normalisation
