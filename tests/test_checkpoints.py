@@ -635,9 +635,7 @@ def test_a_disk_that_fills_while_a_checkpoint_is_written_is_the_disks_error(tmp_
     from repro.errors import StorageError
     from repro.runs import faults
 
-    monkeypatch.setattr(faults, "_POINT", "checkpoint")
-    monkeypatch.setattr(faults, "_STEP", "7")
-    monkeypatch.setattr(faults, "_WHAT", "ENOSPC")
+    monkeypatch.setenv(faults.VARIABLE, "checkpoint:7:ENOSPC")
     saver = Checkpointer(tmp_path, keep=2)
     saver.save(small_state(6), 6)
     saver.wait()  # another step: written

@@ -26,6 +26,24 @@ def test_a_resumed_run_with_dropout_ends_on_the_straight_weights(tmp_path):
     assert resumed["weights_sha256"] == straight["weights_sha256"]
 
 
+def test_an_objective_with_state_resumes_it_and_one_without_adds_nothing(tmp_path):
+    counting = [
+        *SMALL,
+        "objective._target_=colleague_nets.CountingObjective",
+        "~objective.label_smoothing",
+    ]
+    straight = train_in_process(tmp_path / "straight", *counting)
+    train_in_process(tmp_path / "run", *counting, "trainer.halt_at_step=5")
+    resumed = train_in_process(tmp_path / "run", *counting)
+    assert resumed["resumed_from_step"] == 5
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    saved = checkpoint.load(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert saved["objective"]["calls"] >= straight["step"]  # training's calls, evaluation's too
+    plain = train_in_process(tmp_path / "plain", *SMALL)
+    assert "objective" not in checkpoint.load(tmp_path / "plain" / "checkpoints" / "last.pt")
+    assert plain["weights_sha256"]
+
+
 @pytest.fixture
 def fp16_on_cpu(monkeypatch):
     """Let amp=fp16 run on the CPU (autocast and an enabled GradScaler), as it runs on a GPU."""

@@ -194,9 +194,7 @@ def test_a_fault_fires_at_its_point_and_step_only_after_settling(what, raised, s
 
     from repro.runs import faults
 
-    monkeypatch.setattr(faults, "_POINT", "checkpoint")
-    monkeypatch.setattr(faults, "_STEP", "8")
-    monkeypatch.setattr(faults, "_WHAT", what)
+    monkeypatch.setenv(faults.VARIABLE, f"checkpoint:8:{what}" if what else "checkpoint:8")
     happened = []
     monkeypatch.setattr(os, "kill", lambda pid, number: happened.append((pid, number)))
     for name, step in (("checkpoint", 7), ("step", 8), ("checkpoint", 80)):
@@ -218,7 +216,6 @@ def test_a_fault_fires_at_its_point_and_step_only_after_settling(what, raised, s
 def test_no_fault_named_is_no_fault(monkeypatch):
     from repro.runs import faults
 
-    monkeypatch.setattr(faults, "_POINT", "")
-    monkeypatch.setattr(faults, "_STEP", "")
+    monkeypatch.delenv(faults.VARIABLE, raising=False)
     monkeypatch.setattr(os, "kill", lambda *args: pytest.fail("signalled with no fault named"))
     faults.point("", 0, lambda: pytest.fail("settled with no fault named"))  # "" is not a point

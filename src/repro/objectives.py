@@ -26,6 +26,10 @@ a third argument, a `Batch`: the images the logits came from, the model that mad
 run's components by name (a teacher is one) and whether it is training. Every caller passes it
 alike: both training steps (each micro-batch its own images), evaluation (with TTA, the images
 before flipping; the logits are the flips' mean) and the test after training.
+
+An objective that keeps state between calls (a running scale, a count) gives it through
+`state_dict()` and takes it back in `load_state_dict(state)`, as a callback does: checkpoints
+carry it under "objective", so a resumed run goes on as a straight one would.
 """
 
 from __future__ import annotations
@@ -156,6 +160,16 @@ class Checked:
             check_terms(terms, len(targets.labels), self.target)
             self.unchecked = False
         return terms
+
+    def state(self) -> dict[str, Any] | None:
+        """The objective's own state (its `state_dict()`); None for one that keeps none."""
+        saver = getattr(self.objective, "state_dict", None)
+        return saver() if callable(saver) else None
+
+    def restore(self, state: dict[str, Any]) -> None:
+        loader = getattr(self.objective, "load_state_dict", None)
+        if callable(loader):
+            loader(state)
 
 
 def checked(objective: Objective | Checked) -> Checked:

@@ -21,7 +21,7 @@ from repro.engine.losses import PendingLosses
 from repro.engine.position import Best, Position, RunState
 from repro.engine.settings import Knobs, LoopData, LoopSettings, Outputs
 from repro.errors import CheckpointError, ConfigError
-from repro.objectives import TOTAL, Objective, column
+from repro.objectives import TOTAL, Objective, checked, column
 from repro.runs import faults
 from repro.runs.checkpoint import capture_rng, restore_rng
 from repro.runs.signals import StopRequest
@@ -101,8 +101,16 @@ class Trainer:
             "components": self.callbacks.components_state(),  # the average, lookahead
             "rng": self._rng_states(),
             "callbacks": self.callbacks.state_dict(),
+            **self._objective_state(),
             **self.extra_state,
         }
+
+    def _objective_state(self) -> dict[str, Any]:
+        """An objective that keeps state between calls (a running scale, a call count) saves it
+        as a module or a callback does, through state_dict; one that has none adds no key, so
+        its checkpoints stay as they were."""
+        state = checked(self.objective).state()
+        return {} if state is None else {"objective": state}
 
     def _rng_states(self) -> list[dict[str, Any]]:
         """Every rank's generator states, in rank order (rank 0's alone when the run is
@@ -124,6 +132,8 @@ class Trainer:
         )
         self.callbacks.load_components(state)
         self.callbacks.load_state_dict(state.get("callbacks") or {})
+        if "objective" in state:
+            checked(self.objective).restore(state["objective"])
         if self.settings.world_invariant:  # nothing depends on the world size: rank 0's will do
             restore_rng(state["rng"][0], self.device)
             return

@@ -6,7 +6,8 @@ that fills while step 8's checkpoint is written).
 Points: `step` (right after that optimizer step, once the checkpoints started before it are
 on disk, so that a test knows which one a resume starts from), `checkpoint` (while the
 checkpoint for that step is half written on the background writer, before its rename). Unset
-in normal use; reading it costs one lookup.
+in normal use; reading it costs one lookup. It is read at each point, not once at import, so
+that a process forked after the engine is imported (the test kit's tiny runs) can arm it.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ import os
 import signal
 from collections.abc import Callable
 
-_POINT, _STEP, _WHAT = ([*os.environ.get("REPRO_FAULT", "").split(":", 2), "", ""])[:3]
+VARIABLE = "REPRO_FAULT"
 
 
 def point(name: str, step: int, settle: Callable[[], None] | None = None) -> None:
     """Signal this process, or raise the OSError, if REPRO_FAULT names this point and step
     (after `settle()`)."""
-    if _POINT and (name, str(step)) == (_POINT, _STEP):
+    spec = os.environ.get(VARIABLE)
+    if not spec:
+        return
+    at, when, what = [*spec.split(":", 2), "", ""][:3]
+    if (name, str(step)) == (at, when):
         if settle is not None:
             settle()
-        if _WHAT.startswith("E"):
-            code = getattr(errno, _WHAT)
+        if what.startswith("E"):
+            code = getattr(errno, what)
             raise OSError(code, os.strerror(code))
-        os.kill(os.getpid(), signal.Signals[_WHAT or "SIGKILL"])
+        os.kill(os.getpid(), signal.Signals[what or "SIGKILL"])
