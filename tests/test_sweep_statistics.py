@@ -16,7 +16,7 @@ import yaml
 from omegaconf import OmegaConf
 from scipy import stats
 
-from hydra_plugins.repro.adaptive_seeds import AdaptiveSeeds, Rule, look
+from hydra_plugins.repro.adaptive_seeds import AdaptiveSeeds, Rule, look, round_line
 from repro.errors import ConfigError, UserError
 from repro.sweeps import render, report, verdict
 from repro.sweeps.stats import difference_of_means, paired_difference
@@ -231,6 +231,12 @@ def test_a_real_difference_stops_before_the_budget_and_a_rerun_continues(tmp_pat
     jobs = 2 * decision["seeds"]
     assert sorted(trained(sweep_dir), key=int) == [str(job) for job in range(jobs)]
     assert decision["why"] in done.stdout  # the printed report says how it ended
+    rounds = re.findall(
+        r"^.*\d+ seeds per config: val_loss\(b\) - val_loss\(a\) = .*$",
+        done.stdout + done.stderr,
+        re.MULTILINE,
+    )  # one line a round
+    assert len(rounds) == len(decision["looks"]) and rounds[-1].endswith("; resolved"), rounds
     summary = json.loads((sweep_dir / "sweep_summary.json").read_text())
     assert summary["adaptive"] == decision
     paired = summary["comparisons"][0]["val_loss"]
@@ -455,6 +461,20 @@ def test_a_columns_direction_comes_from_its_name_else_from_the_monitor_mode(tmp_
     (tmp_path / "0" / ".hydra" / "config.yaml").write_text("trainer: [damaged")
     (comparison,) = report.build(tmp_path).comparisons  # one job that does not say: still known
     assert comparison["val_margin"]["better"] == "a"
+
+
+def test_each_round_of_the_adaptive_sweeper_is_one_line_saying_what_comes_next():
+    rule = Rule("val_acc", round=2, budget=4, target_width=None, confidence=0.95)
+    seen, stop = look([0.01, 0.02], rule)
+    line = round_line(seen, rule, stop, last=False)
+    assert line.startswith("2 seeds per config: val_acc(b) - val_acc(a) = 0.015, interval [")
+    assert line.endswith("; another round") and "\n" not in line
+    same, _ = look([0.01, 0.01], rule)  # no spread: no interval to show
+    assert round_line(same, rule, None, last=True) == (
+        "2 seeds per config: val_acc(b) - val_acc(a) = 0.01; budget spent"
+    )
+    clear, why = look([-0.03, -0.028, -0.031, -0.027], rule)
+    assert why and round_line(clear, rule, why, last=True).endswith("; resolved")
 
 
 def test_the_adaptive_sweeper_says_better_and_refuses_a_metric_the_swept_key_changes(tmp_path):

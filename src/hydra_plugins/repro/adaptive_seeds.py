@@ -97,6 +97,16 @@ def look(differences: list[float], rule: Rule) -> tuple[dict[str, Any], str | No
     return seen, None
 
 
+def round_line(seen: dict[str, Any], rule: Rule, stop: str | None, last: bool) -> str:
+    """What a round gave, in one line: the seeds so far, the mean difference, its interval and
+    whether the sweep goes on (a sweep of many rounds says nothing for minutes otherwise)."""
+    said = f"{seen['seeds']} seeds per config: {rule.metric}(b) - {rule.metric}(a) = "
+    said += f"{seen['difference']:.4g}"
+    if seen["seeds"] >= 2 and seen["ci_low"] != seen["ci_high"]:
+        said += f", interval [{seen['ci_low']:.4g}, {seen['ci_high']:.4g}]"
+    return f"{said}; {'resolved' if stop else 'budget spent' if last else 'another round'}"
+
+
 class AdaptiveSeeds(Sweeper):
     """`hydra/sweeper=adaptive_seeds` (conf/hydra/sweeper/adaptive_seeds.yaml). Hydra builds a
     sweeper only from the hydra_plugins namespace, hence this module's place: the core never
@@ -199,6 +209,7 @@ class AdaptiveSeeds(Sweeper):
                 [b - a for a, b in zip(results[::2], results[1::2], strict=True)], self.rule
             )
             looks.append(seen)
+            log.info("%s", round_line(seen, self.rule, stop, seeds == self.rule.budget))
             if stop:
                 why = f"resolved after {seeds} seeds: {stop}"
                 break
