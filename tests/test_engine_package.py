@@ -57,3 +57,21 @@ def test_an_installed_engine_trusts_its_shipped_conf_but_not_a_local_folder(tmp_
         assert not trust.trusted("os.system", "model")
     finally:
         trust.conf_targets.cache_clear()
+
+
+def test_the_engines_docs_are_listed_and_printed_and_an_unknown_page_named():
+    import sys
+
+    def manual(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "repro.manual", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    listed = manual()
+    assert listed.returncode == 0 and "README" in listed.stdout
+    pages = {path.stem for path in (ROOT / "docs").glob("*.md")}
+    assert {line.split()[0] for line in listed.stdout.splitlines()[1:]} == pages | {"README"}
+    assert manual("sweeps").stdout == (ROOT / "docs" / "sweeps.md").read_text()
+    assert manual("README.md").stdout == (ROOT / "README.md").read_text()
+    unknown = manual("nope")
+    assert unknown.returncode != 0 and unknown.stderr.startswith("error: no page named 'nope'")
+    assert "Traceback" not in unknown.stderr
