@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from project_parts import ADDED_DATASETS, ADDED_OBJECTIVE, CONF, SOURCES
 
 from conftest import ROOT
 
@@ -301,6 +305,11 @@ def test_a_project_holds_its_own_code_and_the_engine_pinned_by_hash(lab):
     lock = (lab / "uv.lock").read_text()
     entry = lock.split(f'\nname = "{TEMPLATE}"\n', 1)[1].split("[[package]]", 1)[0]
     assert f'source = {{ path = "{wheel}" }}' in entry and 'hash = "sha256:' in entry
+    with zipfile.ZipFile(lab / wheel) as shipped:  # the engine's docs travel with it
+        names = set(shipped.namelist())
+    assert {
+        f"{TEMPLATE}/manual/docs/{page}" for page in ("README.md", "engine.md", "sweeps.md")
+    } <= names
     assert {f"src/{LAB}/stripes.py", f"src/{LAB}/logit_penalty.py", f"src/{LAB}/confusion.py",
             f"src/{LAB}/mixer.py", "conf/config.yaml", "conf/experiment/mixer_adamw.yaml",
             "Makefile", ".github/workflows/ci.yml"} <= set(tracked)  # fmt: skip
@@ -390,65 +399,54 @@ def test_a_fresh_clone_of_a_project_sets_up_trains_and_tests_within_its_budget(l
         assert done.returncode == 0, f"make {target}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     assert times["test"] <= 90, times
     assert len(git("ls-files", cwd=clone).split()) <= 40 and own_python_lines(clone) <= 400
+    (summary,) = (clone / "outputs" / "runs").glob("**/summary.json")
+    assert json.loads(summary.read_text())["val_acc"] >= 0.95  # the first `make train` learns
 
-
-# Two datasets a user might add: `steady` draws each item's shift from a generator seeded by its
-# index (allowed), `jitter` from torch's global generator in __getitem__ (the promise broken).
-ADDED_DATASETS = '''"""Stripes shifted per item: once as the promise allows, once as it does not."""
-
-from __future__ import annotations
-
-from typing import Any
-
-import torch
-from repro.data.datasets import Splits
-
-from {name}.stripes import stripes
-
-
-class Shifted:
-    def __init__(self, source: Any, global_draw: bool) -> None:
-        self.source, self.global_draw = source, global_draw
-        self.labels = source.labels
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = self.source[index]
-        generator = None if self.global_draw else torch.Generator().manual_seed(index)
-        return image + (torch.rand((), generator=generator) * 8).to(torch.uint8), label
-
-    def subset(self, indices: torch.Tensor) -> Shifted:
-        return Shifted(self.source.subset(indices), self.global_draw)
-
-
-def shifted(cfg: Any, seed: int, *, global_draw: bool = False) -> Splits:
-    data = stripes(cfg, seed)
-    train, val, test = (Shifted(s, global_draw) for s in (data.train, data.val, data.test))
-    return Splits(train, val, test, data.classes)
-'''
-
-
-# An objective a user might add that keeps state across calls: on one process it sees both
-# micro-batches of a step, on two each process sees one, so its loss depends on the world size.
-ADDED_OBJECTIVE = '''"""Cross-entropy scaled by whether this is an odd call."""
-
-from __future__ import annotations
-
-import torch
-from repro.objectives import CrossEntropy, Targets
-
-
-class Alternating(CrossEntropy):
-    def __init__(self) -> None:
-        super().__init__(0.0)
-        self.calls = 0
-
-    def __call__(self, logits: torch.Tensor, targets: Targets) -> dict[str, torch.Tensor]:
-        self.calls += 1
-        return {"loss": super().__call__(logits, targets)["loss"] * (1 + 0.5 * (self.calls % 2))}
-'''
+    # The template's daily commands, as the project's README gives them.
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        ["make", "sweep", f"ARGS=debug=fast hydra.sweep.dir={sweep}"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(job.name for job in sweep.iterdir() if (job / "summary.json").is_file()) == [
+        "0",
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
+    assert (sweep / "sweep_summary.md").is_file() and "joblib" in (
+        sweep / "multirun.yaml"
+    ).read_text()
+    done = subprocess.run(
+        ["make", "docs", "ARGS=sweeps"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("# "), done.stderr[-2000:]
+    readme = (clone / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    for command in (
+        "make train",
+        "make test",
+        "make sweep",
+        "adaptive_seeds",
+        "repro.evaluate",
+        "repro.predict",
+        "repro.export",
+        "repro.resume",
+        "make upgrade",
+        "make docs",
+    ):
+        assert command.replace("repro", TEMPLATE) in readme, command
 
 
 def clone_and_set_up(lab: Path, into: Path) -> tuple[Path, dict[str, str]]:
@@ -462,10 +460,52 @@ def clone_and_set_up(lab: Path, into: Path) -> tuple[Path, dict[str, str]]:
     return clone, env
 
 
+def make(clone: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", *args], cwd=clone, env=env, capture_output=True, text=True, timeout=1200
+    )
+
+
+def add_parts(clone: Path) -> None:
+    """The user's multi-label dataset, its objective, metric, callback and experiment, and SAM."""
+    for module, text in SOURCES.items():
+        (clone / "src" / LAB / f"{module}.py").write_text(text)
+    stripes = (clone / "conf" / "data" / "stripes.yaml").read_text()
+    for rel, text in CONF.items():
+        target = clone / "conf" / rel
+        target.parent.mkdir(exist_ok=True)
+        if text is None:
+            text = stripes.replace(f"{LAB}.stripes.stripes", f"{LAB}.crossings.crossings")
+        target.write_text(text.format(name=LAB, engine=TEMPLATE))
+
+
+def kit_failures(out: str) -> dict[tuple[str, str], str]:
+    """(check, option) -> the report pytest printed for it, from its "___ name ___" header on."""
+    found = {}
+    for block in re.split(r"^_{3,} ", out, flags=re.MULTILINE)[1:]:
+        header = re.match(r"(\w+)\[([\w=]+)\] _+", block)
+        if header:
+            found[header.groups()] = block.split("\n=", 1)[0]
+    return found
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_project_checks_an_added_dataset_without_a_test_of_its_own(lab, tmp_path):
+def test_a_project_checks_the_users_own_parts_and_names_each_broken_promise(lab, tmp_path):
     clone, env = clone_and_set_up(lab, tmp_path)
+    add_parts(clone)
+    done = make(clone, env, "test", "ARGS=-rA")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    passed = set(re.findall(r"^PASSED tests/test_parts\.py::(\w+)\[([\w=]+)\]", out, re.MULTILINE))
+    checked = {option for _, option in passed}
+    mine = {"crossings", "bce", "sam", "label_recall", "callbacks=label_log"}
+    assert mine <= checked, sorted(passed)
+    metric = "test_metric_gives_the_same_value_for_0_and_2_workers_and_1_and_2_processes"
+    assert (metric, "label_recall") in passed and "DeprecationWarning" not in out
+    assert not (clone / "tests" / "conftest.py").exists()
+
+    # Two breaks of the promises, each named in a few lines (the traceback needs -v).
     (clone / "src" / LAB / "shifted.py").write_text(ADDED_DATASETS.format(name=LAB))
     stripes = (clone / "conf" / "data" / "stripes.yaml").read_text()
     for option, global_draw in (("steady", "false"), ("jitter", "true")):
@@ -477,22 +517,29 @@ def test_a_project_checks_an_added_dataset_without_a_test_of_its_own(lab, tmp_pa
     (clone / "conf" / "objective" / "alternating.yaml").write_text(
         f"_target_: {LAB}.alternating.Alternating\n"
     )
-    done = subprocess.run(["make", "test", "ARGS=-rA -k 'steady or jitter or processes'"],
-                          cwd=clone, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = make(clone, env, "test", "ARGS=-rA -k 'steady or jitter or alternating'")
     out = done.stdout + done.stderr
-    assert done.returncode != 0, out[-3000:]
-    failed = set(re.findall(r"^FAILED tests/test_parts\.py::(\w+)\[(\w+)\]", out, re.MULTILINE))
-    passed = set(re.findall(r"^PASSED tests/test_parts\.py::(\w+)\[(\w+)\]", out, re.MULTILINE))
-    assert {option for _, option in failed} == {"jitter", "alternating"}, out[-3000:]
-    on_processes = "test_objective_gives_the_same_steps_on_1_and_2_processes"
-    assert (on_processes, "alternating") in failed and (on_processes, "logit_penalty") in passed
-    assert re.search(r"objective=alternating: 1 and 2 processes trained differently, first at "
-                     r"step 1", out), out[-3000:]  # fmt: skip
-    assert ("test_data_gives_the_same_item_every_time_an_index_is_read", "jitter") in failed
-    assert len({check for check, option in passed if option == "steady"}) == 3, out[-3000:]
-    # Which item shows it is chance: a draw of 8 levels repeats one time in 8.
-    assert re.search(r"data=jitter: \w+ item \d+ read twice gave other pixels", out), out[-3000:]
-    assert "no draws from torch's, numpy's or Python's global generators" in out
+    assert done.returncode != 0, out[-4000:]
+    failed = kit_failures(out)
+    assert {option for _, option in failed} == {"jitter", "alternating"}, out[-4000:]
+    for (_, option), report in failed.items():
+        assert len(report.strip().splitlines()) <= 6, report  # a few lines, no traceback
+        assert f"={option}" in report and "Traceback" not in report, report
+    item = failed["test_data_gives_the_same_item_every_time_an_index_is_read", "jitter"]
+    assert re.search(r"data=jitter: \w+ item \d+ read twice gave other pixels", item)
+    assert "no draws from torch's, numpy's or Python's global generators" in item
+    world = failed["test_objective_gives_the_same_steps_on_1_and_2_processes", "alternating"]
+    assert "objective=alternating: 1 and 2 processes trained differently, first at step 1" in world
+    kill = failed["test_objective_resumes_bit_for_bit_after_a_kill", "alternating"]
+    assert "killed and rerun, it trained differently" in kill and "state_dict()" in kill
+    steady = {
+        check
+        for check, option in re.findall(
+            r"^PASSED tests/test_parts\.py::(\w+)\[(\w+)\]", out, re.MULTILINE
+        )
+        if option == "steady"
+    }
+    assert len(steady) == 3, out[-4000:]
 
 
 def scratch_template(into: Path) -> Path:
@@ -516,29 +563,35 @@ def commit(tree: Path, message: str) -> None:
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", message, cwd=tree)
 
 
+ENGINE_RECORDS = ("uv.lock", "pyproject.toml", "README.md")  # where an upgrade writes
+
+
 def users_files(project: Path) -> dict[str, bytes]:
-    """Every tracked file but the engine's wheel and the lock, as bytes."""
+    """Every tracked file but the engine's wheel and the files that record the engine."""
     tracked = git("ls-files", cwd=project).split()
     return {
         rel: (project / rel).read_bytes()
-        for rel in tracked if not rel.startswith("engine/") and rel != "uv.lock"
-    }  # fmt: skip
+        for rel in tracked
+        if not rel.startswith("engine/") and rel not in ENGINE_RECORDS
+    }
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_an_upgrade_says_identical_or_names_the_first_step_that_differs(lab, tmp_path):
+def test_an_upgrade_says_identical_or_explains_what_differs(lab, tmp_path):
     clone, env = clone_and_set_up(lab, tmp_path)
     (clone / "src" / LAB / "shifted.py").write_text(ADDED_DATASETS.format(name=LAB))  # the user's
     commit(clone, "a dataset of mine")
     template = scratch_template(tmp_path)
     mine = users_files(clone)
 
-    def upgrade(message: str, change: Callable[[Path], None]) -> subprocess.CompletedProcess:
+    def upgrade(message: str, change: Callable[[Path], None], *args: str):
         change(template)
         commit(template, message)
-        return subprocess.run(["make", "upgrade", f"ENGINE={template}@HEAD"], cwd=clone, env=env,
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        command = ["make", "upgrade", f"ENGINE={template}@HEAD", *args]
+        return subprocess.run(
+            command, cwd=clone, env=env, capture_output=True, text=True, timeout=1200
+        )
 
     def a_comment(tree: Path) -> None:
         with (tree / "src" / TEMPLATE / "train.py").open("a") as handle:
@@ -546,11 +599,19 @@ def test_an_upgrade_says_identical_or_names_the_first_step_that_differs(lab, tmp
 
     done = upgrade("a doc fix", a_comment)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "identical (8 steps)" in done.stdout
+    assert "the default config: identical (8 steps)" in done.stdout
     assert users_files(clone) == mine
+    first = git("rev-parse", "--short=12", "HEAD", cwd=template).strip()
+    for record in ("pyproject.toml", "README.md"):  # the new engine's commit, recorded
+        assert first in (clone / record).read_text(), record
     where = f"import importlib.util; print(importlib.util.find_spec('{TEMPLATE}.train').origin)"
-    installed = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-c", where],
-                               env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    installed = subprocess.run(
+        [str(clone / ".venv" / "bin" / "python"), "-c", where],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     source = Path(installed.stdout.strip()).read_text()
     assert "a comment that changes no result" in source  # the new engine is in use
     commit(clone, "the engine with a doc fix")
@@ -559,9 +620,20 @@ def test_an_upgrade_says_identical_or_names_the_first_step_that_differs(lab, tmp
         sgd = tree / "src" / TEMPLATE / "conf" / "optimizer" / "sgd.yaml"
         sgd.write_text(re.sub(r"(?m)^lr: .*$", "lr: 0.0123", sgd.read_text()))
 
-    done = upgrade("another default lr", another_lr)
-    assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]  # make: 2
+    old_lr = re.search(
+        r"(?m)^lr: (.*)$",
+        (template / "src" / TEMPLATE / "conf" / "optimizer" / "sgd.yaml").read_text(),
+    ).group(1)
+    done = upgrade("another default lr", another_lr, "ARGS=experiments=all")
+    out = done.stdout
+    assert done.returncode != 0, out[-3000:] + done.stderr[-3000:]  # make: 2
+    assert "the default config: differs, first at step 1:" in out, out[-3000:]
+    assert f"    optimizer.lr: {float(old_lr)} -> 0.0123" in out, out[-3000:]
+    assert "experiment=mixer_adamw: identical (8 steps)" in out  # adamw: no lr of sgd's
+    second = git("rev-parse", "--short=12", "HEAD", cwd=template).strip()
     assert (
-        "differs: first at step 1:" in done.stdout and "to roll back: git checkout" in done.stdout
+        f"the template's commits from {first} to {second}:\n  {second} another default lr\n" in out
     )
-    assert users_files(clone) == mine
+    assert f'git commit -am "Engine @ {second} [changes results]"' in out
+    assert "roll back: git checkout -- engine uv.lock pyproject.toml README.md" in out
+    assert users_files(clone) == mine and second in (clone / "README.md").read_text()

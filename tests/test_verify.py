@@ -102,3 +102,58 @@ def test_a_run_recorded_before_newer_keys_existed_verifies(recorded):
     resolved.write_text("".join(line for line in lines if not line.startswith(newer)))
     assert "tta" not in resolved.read_text()
     assert verify.verify(recorded, steps=2).identical
+
+
+# ---- verify/explain.py: what `make upgrade` says beside the first step that differs --------
+
+
+def test_an_upgrade_lists_each_changed_key_and_the_commits_between_the_engines(tmp_path):
+    import subprocess
+
+    from repro.verify import explain
+
+    old = "optimizer:\n  lr: 0.2\n  momentum: 0.9\ntrainer:\n  epochs: 3\n"
+    new = "optimizer:\n  lr: 0.1\n  momentum: 0.9\ntrainer:\n  epochs: 3\n  warmup: 2\n"
+    assert explain.config_changes(old, new) == [
+        "optimizer.lr: 0.2 -> 0.1",
+        "trainer.warmup: (absent) -> 2",
+    ]
+    assert explain.config_changes(old, old) == []
+
+    tree = tmp_path / "template"
+    tree.mkdir()
+
+    def commit(message: str) -> str:
+        (tree / "file").write_text(message)
+        for args in (
+            ["add", "file"],
+            ["commit", "-qm", message],
+            ["rev-parse", "--short=12", "HEAD"],
+        ):
+            done = subprocess.run(
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                cwd=tree,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        return done.stdout.strip()
+
+    subprocess.run(["git", "init", "-q"], cwd=tree, check=True)
+    first, second, third = commit("one"), commit("two"), commit("three")
+    listed = explain.commits_between(tree, first, third)
+    assert listed == [f"{third} three", f"{second} two"]
+    assert explain.commits_between(tree, "0123456789ab", third)[0].startswith("(no commit list: ")
+    assert "uncommitted" in explain.commits_between(tree, f"{first}-dirty", third)[0]
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(f'[tool.repro]\nengine_commit = "{first}-dirty"\n')
+    (project / "README.md").write_text(f"from the template's commit {first}-dirty, pinned.\n")
+    assert explain.recorded_commit(project) == f"{first}-dirty"
+    assert explain.record_commit(project, f"{first}-dirty", second) == [
+        "pyproject.toml",
+        "README.md",
+    ]
+    assert explain.recorded_commit(project) == second
+    assert (project / "README.md").read_text() == f"from the template's commit {second}, pinned.\n"
