@@ -382,6 +382,14 @@ def test_an_experiments_choices_win_over_the_projects_and_the_kit_names_a_droppe
         "objective=cross_entropy (composed: logit_penalty)",
     ]
     assert len(dropped) == 3 and dropped[2].startswith("callbacks.confusion: None (composed: ")
+    from repro.testkit import checks  # the kit's check fails such a project, naming the choice
+
+    with pytest.raises(
+        AssertionError,
+        match=r"^experiment=plain is not what runs: it asks for "
+        r"data=synthetic \(composed: stripes\); objective=cross_entropy",
+    ):
+        checks.test_experiment_runs_what_it_says_and_survives_a_kill(project, "plain")
 
 
 @pytest.mark.e2e
@@ -431,7 +439,8 @@ def test_a_fresh_clone_of_a_project_sets_up_trains_and_tests_within_its_budget(l
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0 and done.stdout.startswith("# "), done.stderr[-2000:]
+    page = [line for line in done.stdout.splitlines() if not line.startswith("make")]
+    assert done.returncode == 0 and page[0].startswith("# "), done.stderr[-2000:]
     readme = (clone / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
     for command in (

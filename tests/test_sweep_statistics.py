@@ -911,7 +911,8 @@ def test_the_sweepers_setup_and_sweep_run_the_whole_comparison(tmp_path, monkeyp
         decision = sweeper.sweep(["trainer.epochs=3", "lr=0.2,0.1"])
     assert decision["resolved"] and (decision["a"], decision["b"]) == ("lr=0.2", "lr=0.1")
     assert launcher.batches[0][1][0] == ["trainer.epochs=3", "lr=0.2", "seed.value=0"]
-    (said,) = [r.getMessage() for r in caplog.records if r.name.endswith("adaptive_seeds")]
+    *rounds, said = [r.getMessage() for r in caplog.records if r.name.endswith("adaptive_seeds")]
+    assert [line.rsplit("; ", 1)[1] for line in rounds] == ["another round", "resolved"]
     assert said == f"{decision['why']} ({tmp_path / 'adaptive_seeds.json'})"
 
 

@@ -467,6 +467,7 @@ def bare_loop(world=1, invariant=False, **settings):
     from repro.callbacks import Callbacks
     from repro.engine.position import RunState
     from repro.engine.settings import LoopSettings
+    from repro.objectives import CrossEntropy
     from repro.runtime.distributed import Context
     from repro.runtime.precision import Precision
 
@@ -478,6 +479,7 @@ def bare_loop(world=1, invariant=False, **settings):
     loop.callbacks, loop.state, loop.dist = Callbacks(), RunState(), Context(rank=0, world=world)
     loop.settings = LoopSettings(world_invariant=invariant, **settings)
     loop.extra_state = {"config": {"seed": 1}}
+    loop.objective = CrossEntropy(0.0)  # no state of its own: the checkpoint has no "objective"
 
     class OneImage(list):  # a validation loader of no batches over a split of one image
         dataset = (None,)

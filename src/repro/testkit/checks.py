@@ -108,8 +108,8 @@ def test_data_gives_the_same_item_every_time_an_index_is_read(
 ):
     """Each split's first, middle and last items read twice, straight from the source. A
     training comparison alone can miss a draw in __getitem__: the engine seeds torch's global
-    generator per sample (for third-party transforms), so such a dataset trains the same
-    weights with 0 and 2 workers and still breaks the promise anywhere else it is read."""
+    generator per sample (for third-party transforms), which can make such a dataset train
+    alike with 0 and 2 workers while it breaks the promise anywhere else it is read."""
     from repro import build
 
     with promise(f"data={data_option}: building its splits"):
