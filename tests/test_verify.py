@@ -145,6 +145,10 @@ def test_an_upgrade_lists_each_changed_key_and_the_commits_between_the_engines(t
     assert listed == [f"{third} three", f"{second} two"]
     assert explain.commits_between(tree, "0123456789ab", third)[0].startswith("(no commit list: ")
     assert "uncommitted" in explain.commits_between(tree, f"{first}-dirty", third)[0]
+    refused = explain.commits_between(tree, "--output=/tmp/x", third)  # not passed to git
+    assert refused == [
+        "(no commit list: engine_commit '--output=/tmp/x' in pyproject.toml is no commit)"
+    ]
 
     project = tmp_path / "project"
     project.mkdir()

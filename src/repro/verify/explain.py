@@ -12,6 +12,7 @@ from typing import Any
 
 from repro.files import write_text_atomic
 
+COMMIT = re.compile(r"[0-9a-f]{7,40}")  # what git log is given: never an option
 COMMIT_LINE = re.compile(r'^engine_commit = "([^"]*)"', re.MULTILINE)
 MOST_COMMITS = 40  # a longer log is cut, with the count of the rest
 
@@ -42,6 +43,8 @@ def config_changes(old: str, new: str) -> list[str]:
 def commits_between(tree: Path, old: str | None, new: str) -> list[str]:
     """The template's commits after `old` up to `new` (`git log --oneline old..new`), or one
     line saying why they cannot be listed."""
+    if old and not COMMIT.fullmatch(old.removesuffix("-dirty")):  # pyproject's text: data
+        return [f"(no commit list: engine_commit {old!r} in pyproject.toml is no commit)"]
     if not old or old.endswith("-dirty") or new.endswith("-dirty"):
         which = "the old engine's" if not old or old.endswith("-dirty") else "the new engine's"
         return [f"(no commit list: {which} wheel was built from uncommitted changes or no commit)"]
