@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -42,6 +43,7 @@ ENGINE_RECORDS = (
     "run.lock",
 )
 KILL_AFTER_STEP = 3  # one step past the checkpoint of step 2: a resume redoes step 3
+FORK_LIMIT_S = 600.0  # a tiny run takes seconds: past this a fork is stuck, not slow
 
 
 class RunFailedError(Exception):
@@ -105,14 +107,36 @@ def forked(work: Callable[[], Any], env: dict[str, str], report: Path, project: 
         os._exit(code)  # never back into pytest's own code
 
 
-def waited(pid: int, report: Path) -> int:
-    """The fork's exit: its status (negative: the signal that ended it); raises RunFailedError with
-    the fork's own error when it raised one."""
-    _, status = os.waitpid(pid, 0)
-    if report.is_file():
-        line, _, trace = report.read_text().partition("\n")
-        raise RunFailedError(line, trace)
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+def waited(forks: list[tuple[int, Path]], limit: float = FORK_LIMIT_S) -> list[int]:
+    """Each fork's exit status (negative: the signal that ended it), in order. When one raised,
+    the others are stopped (a rank left alone would wait in a collective for gloo's half-hour
+    timeout) and its error is raised; forks still running after `limit` seconds are stopped."""
+    statuses: dict[int, int] = {}
+    deadline = time.monotonic() + limit
+    while len(statuses) < len(forks):
+        for pid, report in forks:
+            if pid in statuses:
+                continue
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                statuses[pid] = (
+                    -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                )
+                if report.is_file():
+                    _stop(pid for pid, _ in forks if pid not in statuses)
+                    line, _, trace = report.read_text().partition("\n")
+                    raise RunFailedError(line, trace)
+        if time.monotonic() > deadline:
+            _stop(pid for pid, _ in forks if pid not in statuses)
+            raise RunFailedError(f"the run did not finish within {limit:.0f} s (stopped)", "")
+        time.sleep(0.05)
+    return [statuses[pid] for pid, _ in forks]
+
+
+def _stop(pids: Any) -> None:
+    for pid in list(pids):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def killed(config: Any, run_dir: Path, project: Path, step: int = KILL_AFTER_STEP) -> None:
@@ -120,7 +144,7 @@ def killed(config: Any, run_dir: Path, project: Path, step: int = KILL_AFTER_STE
     report = run_dir.with_name(f"{run_dir.name}.failed")
     work = lambda: in_process(config, run_dir, project)  # noqa: E731
     pid = forked(work, {"REPRO_FAULT": f"step:{step}"}, report, project)
-    status = waited(pid, report)
+    (status,) = waited([(pid, report)])
     if status != -signal.SIGKILL:
         raise RunFailedError(f"the run meant to be killed after step {step} exited {status}", "")
 
@@ -143,7 +167,7 @@ def on_processes(config: Any, run_dir: Path, project: Path, processes: int = 2) 
         report = run_dir.with_name(f"{run_dir.name}.rank{rank}.failed")
         work = lambda: in_process(config, run_dir, project)  # noqa: E731
         ranks.append((forked(work, env, report, project), report))
-    statuses = [waited(pid, report) for pid, report in ranks]
+    statuses = waited(ranks)
     if any(statuses):
         raise RunFailedError(f"the run on {processes} processes exited {statuses}", "")
 
