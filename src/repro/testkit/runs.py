@@ -177,8 +177,15 @@ class Runs:
     `on_two_processes` return the run's folder."""
 
     def __init__(self, project: Path, scratch: Path | None = None) -> None:
-        self.project = project
-        self.scratch = scratch or Path(tempfile.mkdtemp(prefix="repro-testkit-"))
+        self.project, self._scratch = project, scratch
+
+    @property
+    def scratch(self) -> Path:
+        """Where the runs go: the folder given (pytest's), else a temporary one made on the
+        first run, so that a Project only composing configs leaves nothing behind."""
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="repro-testkit-"))
+        return self._scratch
 
     def _folder(self, config: Any, how: str) -> tuple[Path, bool]:
         """The folder of this config's run made `how`, and whether it is there already."""
