@@ -105,6 +105,13 @@ PAYLOADS = {  # name -> (hydra overrides, task overrides); the marker is filled 
     "group path in the key": (lambda m: [], lambda m: ["+model/..=evil"]),
     "tracker destination": (lambda m: [], lambda m: [f"logger.mlflow.tracking_uri={m}"]),
     "download": (lambda m: [], lambda m: ["data.download=true", f"data.root={m}"]),
+    # Places: the record's server, cache folder and an option that downloads by default.
+    "endpoint": (
+        lambda m: [],
+        lambda m: ["data=shards", "data.root=s3://b/p", "data.endpoint_url=http://their.host"],
+    ),
+    "cache folder": (lambda m: [], lambda m: ["data=shards", f"data.cache_dir={m.parent}"]),
+    "option that downloads": (lambda m: [], lambda m: ["data=cifar10"]),
 }
 
 
@@ -399,6 +406,32 @@ def test_where_a_relaunch_writes_is_resumes_to_say_never_the_records():
 
 # --- the recorded-override rules, word for word (fast: the checks alone) ---
 
+
+@pytest.mark.parametrize("key", ["data.root", "data.endpoint_url", "data.cache_dir"])
+def test_a_recorded_place_is_refused_unless_this_command_line_gives_it(key):
+    recorded = ["seed.value=1", f"{key}=theirs"]
+    with pytest.raises(UntrustedConfigError) as refused:
+        recorded_overrides.placed(recorded, {}, "rec", trusted=False)
+    assert str(refused.value) == (
+        f"rec: the record sets {key} ({recorded_overrides.PLACES[key]}), refused: a record "
+        "never chooses where a run reads, connects or writes; give it on this command line: "
+        f"python -m repro.resume PATH {key}=VALUE"
+    )
+    mine = recorded_overrides.placed(recorded, {key: "mine"}, "rec", trusted=False)
+    assert mine == ["seed.value=1", f"{key}=mine"]
+    assert recorded_overrides.placed(recorded, {}, "rec", trusted=True) == recorded
+
+
+def test_a_recorded_option_that_downloads_needs_the_command_line_to_say_so():
+    run = recorded_overrides.Relaunch("config", [], ["data=cifar10"], None)
+    composed = recorded_overrides.check_composes(run, run.task, Path("rec"))
+    with pytest.raises(UntrustedConfigError, match=r"data=cifar10 downloads by default"):
+        recorded_overrides.check_network(composed, {}, "rec", trusted=False)
+    recorded_overrides.check_network(composed, {"data.download": "false"}, "rec", False)
+    plain = recorded_overrides.check_composes(run._replace(task=[]), [], Path("rec"))
+    recorded_overrides.check_network(plain, {}, "rec", trusted=False)  # synthetic: offline
+
+
 SAYS = " a run folder decides values of the run's own keys only. If you made this folder, or "
 SAYS += "trust whoever did, add trust=true"
 WHY = {
@@ -408,7 +441,6 @@ WHY = {
     "key": "a key of the run's config is a dotted name: no package (@), path or group path",
     "option": "a config group's option is a name in this checkout's conf/, not a path",
     "tracker": "it says where the run's metrics are sent",
-    "download": "a download, which reaches the network and writes where the record says",
 }
 
 
@@ -425,7 +457,6 @@ WHY = {
         ("model=../evil", "option"),
         ("logger.mlflow.tracking_uri=file:///x", "tracker"),
         ("logger.wandb.entity=someone", "tracker"),
-        ("data.download=true", "download"),
     ],
 )
 def test_each_refused_override_says_why_in_one_line(override, why):
@@ -436,8 +467,9 @@ def test_each_refused_override_says_why_in_one_line(override, why):
     )
 
 
-@pytest.mark.parametrize("override", ["data.download=null", "data.download=NULL", "X.y=1"])
-def test_a_download_left_off_or_a_key_of_any_first_letter_is_a_value(override):
+@pytest.mark.parametrize("override", ["data.download=true", "data.root=/x", "X.y=1"])
+def test_a_place_or_a_key_of_any_first_letter_passes_the_value_check(override):
+    # Places are refused by `placed`, which knows what this command line gives.
     assert recorded_overrides.check([override], "record") == [override]
 
 

@@ -248,20 +248,25 @@ def test_the_relaunch_runs_repro_train_with_the_checked_arguments_in_this_folder
     assert capsys.readouterr().out.startswith("running: ")  # started here: no note
 
 
+RESUME_USAGE = "python -m repro.resume PATH [force=true] [trust=true] [PLACE=VALUE ...]"
+A_PLACE = "a PLACE is one of data.root, data.endpoint_url, data.cache_dir, data.download"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [([], "PATH=None is not allowed: usage: python -m repro.resume PATH [force=true] [trust=true]"),
-     (["force=true"], "PATH=None is not allowed: usage: python -m repro.resume PATH "
-      "[force=true] [trust=true]"),
-     (["{d}", "force"], "force='' is not allowed: python -m repro.resume PATH [force=true] "
-      "[trust=true]"),
-     (["{d}", "overwrite=true"], "overwrite='true' is not allowed: python -m repro.resume PATH "
-      "[force=true] [trust=true]"),
-     (["{d}", "trust=1"], "trust='1' is not allowed: python -m repro.resume PATH [force=true] "
-      "[trust=true]"),
-     (["{d}"], "{d}: neither a sweep folder (no multirun.yaml) nor a run folder (no "
-      ".hydra/hydra.yaml)")],
-)  # fmt: skip
+    [
+        ([], f"PATH=None is not allowed: usage: {RESUME_USAGE}"),
+        (["force=true"], f"PATH=None is not allowed: usage: {RESUME_USAGE}"),
+        (["{d}", "force"], f"force='' is not allowed: {RESUME_USAGE}; {A_PLACE}"),
+        (["{d}", "overwrite=true"], f"overwrite='true' is not allowed: {RESUME_USAGE}; {A_PLACE}"),
+        (["{d}", "trust=1"], f"trust='1' is not allowed: {RESUME_USAGE}; {A_PLACE}"),
+        (["{d}", "seed.value=3"], f"seed.value='3' is not allowed: {RESUME_USAGE}; {A_PLACE}"),
+        (
+            ["{d}"],
+            "{d}: neither a sweep folder (no multirun.yaml) nor a run folder (no .hydra/hydra.yaml)",
+        ),
+    ],
+)
 def test_the_commands_mistakes_are_one_line_word_for_word(tmp_path, capsys, argv, message):
     assert resume_in_process(*(a.format(d=tmp_path) for a in argv)) == 2
     assert capsys.readouterr().err == f"error: {message.format(d=tmp_path)}\n"
@@ -626,20 +631,29 @@ def test_a_sweep_whose_first_job_does_not_compose_is_one_line(tmp_path, relaunch
 
 
 @pytest.mark.parametrize(
-    ("switches", "force", "trust"),
+    ("switches", "force", "trust", "places"),
     [
-        ([], False, False),
-        (["force=true"], True, False),
-        (["trust=true", "force=false"], False, True),
+        ([], False, False, {}),
+        (["force=true"], True, False, {}),
+        (["trust=true", "force=false"], False, True, {}),
+        (
+            ["data.root=/here", "data.download=false"],
+            False,
+            False,
+            {"data.root": "/here", "data.download": "false"},
+        ),
     ],
 )
 def test_the_commands_switches_reach_the_run_or_sweep_it_resumes(
-    tmp_path, monkeypatch, switches, force, trust
+    tmp_path, monkeypatch, switches, force, trust, places
 ):
     calls = []
 
     def recorder(kind: str, code: int):
-        return lambda path, force, trusted: calls.append((kind, path, force, trusted)) or code
+        def resumed(path, force, trusted, given):
+            return calls.append((kind, path, force, trusted, given)) or code
+
+        return resumed
 
     monkeypatch.setattr(resume, "resume_run", recorder("run", 5))
     monkeypatch.setattr(resume, "resume_sweep", recorder("sweep", 6))
@@ -648,7 +662,7 @@ def test_the_commands_switches_reach_the_run_or_sweep_it_resumes(
     (sweep / "multirun.yaml").write_text("")
     assert resume_in_process(str(run), *switches) == 5  # the resume's exit status
     assert resume_in_process(str(sweep), *switches) == 6
-    assert calls == [("run", run, force, trust), ("sweep", sweep, force, trust)]
+    assert calls == [("run", run, force, trust, places), ("sweep", sweep, force, trust, places)]
 
 
 def test_a_record_failing_without_a_message_is_named_by_its_error(tmp_path, monkeypatch, capsys):

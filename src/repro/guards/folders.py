@@ -18,9 +18,12 @@ from pathlib import Path
 
 from repro.errors import UserError
 
-# Appended to or truncated where they are (and every *.log: train.log), at any depth.
-IN_PLACE = {"metrics.csv", "fingerprints.csv", "attempts.jsonl", "run.lock", ".attempts.reserve",
-            ".mlflow_parent.lock"}  # fmt: skip
+# Appended to or truncated where they are (and every *.log: train.log), at any depth; Hydra
+# rewrites its records in place too (multirun.yaml, .hydra/*.yaml).
+IN_PLACE = {
+    *("metrics.csv", "fingerprints.csv", "attempts.jsonl", "run.lock", ".attempts.reserve"),
+    *(".mlflow_parent.lock", "multirun.yaml", "config.yaml", "hydra.yaml", "overrides.yaml"),
+}
 
 
 class UnsafeFolderError(UserError):

@@ -202,6 +202,15 @@ def load_checkpoint(path: Path | str, root: Path | str | None = None, mmap: bool
     return found
 
 
+def parse_checkpoint(contents: bytes, source: Path | str) -> Any:
+    """`load_checkpoint` for bytes already read through this module."""
+    import torch
+
+    found = torch.load(io.BytesIO(contents), map_location="cpu", weights_only=True)
+    check_shape(found, source)
+    return found
+
+
 def check_shape(value: Any, source: Path | str) -> None:
     """Refuse parsed data nested deeper than MAX_DEPTH or with more than MAX_NODES values,
     a shared value counted at each reference (what a walk over it would visit)."""

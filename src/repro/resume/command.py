@@ -1,5 +1,5 @@
 """Finish what a run or a sweep left undone:
-`python -m repro.resume PATH [force=true] [trust=true]`.
+`python -m repro.resume PATH [force=true] [trust=true] [PLACE=VALUE ...]`.
 
 A sweep folder (it holds Hydra's `multirun.yaml`): its jobs are Hydra's own expansion of the
 recorded overrides (the basic sweeper's grid, numbered as Hydra numbered it), so a job that
@@ -20,13 +20,14 @@ from them only overrides `repro.resume.overrides` lets through (values of the ru
 config-group options, the launcher's choice and job count; never a `_target_`, another Hydra
 setting or an interpolation) and a hash seed that is one; the config is repro.train's own. It
 runs in this process's working directory, never the recorded one, and imports nothing from it
-(PYTHONSAFEPATH). `trust=true` lifts the checks of overrides and config name.
+(PYTHONSAFEPATH). Places (where data is read from, fetched from, cached or downloaded:
+`overrides.PLACES`) are never a record's: the command line gives each one the record sets.
+`trust=true` lifts the checks of overrides, places and config name.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import subprocess
@@ -38,14 +39,14 @@ import yaml
 
 from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
-from repro.guards import folders
+from repro.guards import folders, received
 from repro.guards.text import for_terminal
 from repro.resume import overrides as recorded_overrides
 from repro.runs import run_lock
 from repro.runs.history import ATTEMPTS_FILE, RunHistory
 from repro.sweeps import ERROR_FILE, render, report
 
-USAGE = "python -m repro.resume PATH [force=true] [trust=true]"
+USAGE = "python -m repro.resume PATH [force=true] [trust=true] [PLACE=VALUE ...]"
 SWEEP_RECORD = "multirun.yaml"
 COMPLETE = "complete"
 
@@ -62,7 +63,7 @@ def job_state(folder: Path | None) -> str:
     if folder is None:
         return "never started"
     if (folder / ERROR_FILE).is_file():
-        return f"failed: {(folder / ERROR_FILE).read_text().strip()}"
+        return f"failed: {received.read_text(folder / ERROR_FILE, root=folder).strip()}"
     if _summary(folder).get("completed"):
         return COMPLETE
     attempts = RunHistory(folder).attempts()
@@ -72,11 +73,12 @@ def job_state(folder: Path | None) -> str:
 
 def _summary(folder: Path) -> dict[str, Any]:
     path = folder / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    found = received.load_json(path, root=folder) if path.is_file() else {}
+    return found if isinstance(found, dict) else {}
 
 
-def _hydra_record(folder: Path) -> dict[str, Any]:
-    return yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
+def _hydra_record(folder: Path, root: Path) -> dict[str, Any]:
+    return received.load_yaml(folder / ".hydra" / "hydra.yaml", root=root)["hydra"]
 
 
 def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any], trusted: bool = False) -> list[Job]:
@@ -105,8 +107,10 @@ def sweep_jobs(sweep_dir: Path, recorded: dict[str, Any], trusted: bool = False)
     started = {}
     for record in sweep_dir.glob("*/.hydra/hydra.yaml"):
         folder = record.parents[1]
-        num = _hydra_record(folder)["job"]["num"]
-        if grid[num : num + 1] != [yaml.safe_load(record.with_name("overrides.yaml").read_text())]:
+        num = _hydra_record(folder, sweep_dir)["job"]["num"]
+        if grid[num : num + 1] != [
+            received.load_yaml(record.with_name("overrides.yaml"), sweep_dir)
+        ]:
             raise DataError(f"{folder}: not job {num} of {SWEEP_RECORD} (another sweep went here)")
         started[num] = folder
     return [
@@ -124,7 +128,7 @@ def _recorded_environment(folder: Path) -> dict[str, Any] | None:
     if not last and not env:
         return None
     patch = folder / (last.get("source_patch") or "-")
-    patch_text = patch.read_text() if patch.is_file() else None
+    patch_text = received.read_text(patch, "table", root=folder) if patch.is_file() else None
     commit = last.get("git_commit", env.get("git_commit"))
     return {**env, "git_commit": commit, "source_patch_sha256": _digest(patch_text)}
 
@@ -203,20 +207,26 @@ def _relaunch(recorded: dict[str, Any], folder: str, run: recorded_overrides.Rel
     return done.returncode if done.returncode >= 0 else 128 - done.returncode
 
 
-def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
+def resume_sweep(
+    sweep_dir: Path, force: bool, trusted: bool = False, places: dict[str, str] | None = None
+) -> int:
     folders.check_sweep(sweep_dir)  # before error.txt goes, the report or multirun.yaml
     record = sweep_dir / SWEEP_RECORD
-    first_record = record.read_text()
-    recorded = yaml.safe_load(first_record)["hydra"]
+    first_record = received.read_text(record, root=sweep_dir)
+    recorded = received.parse_yaml(first_record, record)["hydra"]
     with_records = sorted(p.parent for p in sweep_dir.glob("*/attempts.jsonl"))
     env = next(filter(None, map(_recorded_environment, with_records)), None)
     relaunch = recorded_overrides.checked_relaunch(
         recorded, recorded["overrides"]["task"], env, record, trusted
     )
+    relaunch = recorded_overrides.with_places(relaunch, places or {}, record, trusted)
     jobs = sweep_jobs(sweep_dir, recorded, trusted)
     for job in jobs:  # the sweeper's params expanded too: each job is a command line
         recorded_overrides.check(job.overrides, record, trusted)
-    recorded_overrides.check_composes(relaunch, jobs[0].overrides if jobs else [], record)
+        recorded_overrides.placed(job.overrides, places or {}, record, trusted)
+    first = recorded_overrides.placed(jobs[0].overrides, places or {}, record, True) if jobs else []
+    composed = recorded_overrides.check_composes(relaunch, first, record)
+    recorded_overrides.check_network(composed, places or {}, record, trusted)
     todo = [job for job in jobs if job.state != COMPLETE]
     if not todo:
         render.write(report.build(sweep_dir))
@@ -238,9 +248,11 @@ def resume_sweep(sweep_dir: Path, force: bool, trusted: bool = False) -> int:
     return returncode
 
 
-def resume_run(run_dir: Path, force: bool, trusted: bool = False) -> int:
+def resume_run(
+    run_dir: Path, force: bool, trusted: bool = False, places: dict[str, str] | None = None
+) -> int:
     folders.check(run_dir)
-    recorded = _hydra_record(run_dir)
+    recorded = _hydra_record(run_dir, run_dir)
     if recorded["mode"] == "MULTIRUN":
         raise DataError(
             f"{run_dir} is job {recorded['job']['num']!r} of a sweep: resume the sweep, which "
@@ -255,7 +267,9 @@ def resume_run(run_dir: Path, force: bool, trusted: bool = False) -> int:
     source = run_dir / (ATTEMPTS_FILE if attempts else ".hydra/hydra.yaml")
     env = _recorded_environment(run_dir)
     relaunch = recorded_overrides.checked_relaunch(recorded, task, env, source, trusted)
-    recorded_overrides.check_composes(relaunch, relaunch.task, source)
+    relaunch = recorded_overrides.with_places(relaunch, places or {}, source, trusted)
+    composed = recorded_overrides.check_composes(relaunch, relaunch.task, source)
+    recorded_overrides.check_network(composed, places or {}, source, trusted)
     _before_running(run_dir, [run_dir], [run_dir], force)
     return _relaunch(recorded, f"hydra.run.dir={run_dir.absolute()}", relaunch)
 
@@ -268,17 +282,21 @@ def main(argv: list[str]) -> None:
     try:
         if not argv or "=" in argv[0]:
             raise ConfigError("PATH", None, f"usage: {USAGE}")
-        path, switches = Path(argv[0]), {"force": False, "trust": False}
+        path, switches, places = Path(argv[0]), {"force": False, "trust": False}, {}
         for arg in argv[1:]:
             key, _, value = arg.partition("=")
-            if key not in switches or value not in ("true", "false"):
-                raise ConfigError(key, value, USAGE)
-            switches[key] = value == "true"
+            if key in recorded_overrides.PLACES:
+                places[key] = value
+            elif key not in switches or value not in ("true", "false"):
+                where = ", ".join(recorded_overrides.PLACES)
+                raise ConfigError(key, value, f"{USAGE}; a PLACE is one of {where}")
+            else:
+                switches[key] = value == "true"
         try:
             if (path / SWEEP_RECORD).is_file():
-                returncode = resume_sweep(path, switches["force"], switches["trust"])
+                returncode = resume_sweep(path, switches["force"], switches["trust"], places)
             elif (path / ".hydra" / "hydra.yaml").is_file():
-                returncode = resume_run(path, switches["force"], switches["trust"])
+                returncode = resume_run(path, switches["force"], switches["trust"], places)
             else:
                 raise DataError(
                     f"{path}: neither a sweep folder (no {SWEEP_RECORD}) nor a run folder (no "

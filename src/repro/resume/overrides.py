@@ -29,6 +29,16 @@ REPLACED = ("hydra.mode", "hydra.run.dir", "hydra.sweep.dir")  # repro.resume se
 _INSTANTIATE_KEY = re.compile(r"(?:^|[./\s{,])_[a-z]+_(?:$|[.:/\s}=])")
 _KEY = re.compile(r"[A-Za-z_][\w.\-]*")  # `trainer.epochs`, `seed.value`, `model`
 _OPTION_NAMES = re.compile(r"[\w\-,\[\]() ]*")  # `model=resnet9`, `logger=[csv,mlflow]`
+# Keys whose value is a place, not a setting: where a run reads its data, connects, writes a
+# cache, or whether it downloads. A relaunch takes them from its own command line, never from
+# a record (`with_places`); a tracker's destination and Hydra's folders are refused or
+# replaced above.
+PLACES = {
+    "data.root": "the folder or bucket its data is read from",
+    "data.endpoint_url": "the server its data is fetched from",
+    "data.cache_dir": "where fetched shards are written",
+    "data.download": "whether it downloads, and so connects",
+}
 
 
 def check(overrides: Any, source: object, trust: bool = False) -> list[str]:
@@ -69,9 +79,44 @@ def _refused_override(key: str, value: str) -> str | None:
         return "a config group's option is a name in this checkout's conf/, not a path"
     if key.startswith(("logger.mlflow", "logger.wandb")):
         return "it says where the run's metrics are sent"
-    if key == "data.download" and value.strip().lower() not in ("false", "null"):
-        return "a download, which reaches the network and writes where the record says"
     return None
+
+
+def with_places(run: Relaunch, given: dict[str, str], source: object, trusted: bool) -> Relaunch:
+    """`run` with each place (`PLACES`) the user `given` on this command line; one the record
+    sets and the command line does not is refused in one line naming the key (trusted
+    records keep theirs)."""
+    return run._replace(task=placed(run.task, given, source, trusted))
+
+
+def placed(overrides: list[str], given: dict[str, str], source: object, trusted: bool) -> list[str]:
+    """Recorded `overrides` with their places replaced by the `given` ones (see with_places)."""
+    kept = []
+    for override in overrides:
+        key = override.lstrip("~+").split("=", 1)[0].strip()
+        if key in PLACES and key not in given and not trusted:
+            raise UntrustedConfigError(
+                f"{source}: the record sets {key} ({PLACES[key]}), refused: a record never chooses "
+                f"where a run reads, connects or writes; give it on this command line: "
+                f"python -m repro.resume PATH {key}=VALUE"
+            )
+        if key not in given:
+            kept.append(override)
+    return kept + [f"{key}={value}" for key, value in given.items()]
+
+
+def check_network(composed: Any, given: dict[str, str], source: object, trusted: bool) -> None:
+    """Refuse a relaunch whose recorded choices turn the network on through this checkout's
+    defaults (`data=cifar10` downloads), unless the command line says whether to download."""
+    if trusted or "data.download" in given:
+        return
+    if composed.data.get("download") is True:
+        option = composed.hydra.runtime.choices.get("data")
+        raise UntrustedConfigError(
+            f"{source}: the recorded data={option} downloads by default (data.download=true), refused: a "
+            "record never turns the network on; say it on this command line: python -m "
+            "repro.resume PATH data.download=false (or true)"
+        )
 
 
 class Relaunch(NamedTuple):
@@ -113,9 +158,10 @@ def checked_relaunch(
     return Relaunch(name, hydra, task, None if seed is None else str(seed))
 
 
-def check_composes(run: Relaunch, task: list[str], source: Path) -> None:
+def check_composes(run: Relaunch, task: list[str], source: Path) -> Any:
     """Compose the relaunch's config (one job's `task` overrides) before anything runs: a
-    record that does not fit this checkout is one line here, not Hydra's error in the child."""
+    record that does not fit this checkout is one line here, not Hydra's error in the child.
+    Returns the composed config."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -125,7 +171,7 @@ def check_composes(run: Relaunch, task: list[str], source: Path) -> None:
     schema.register()
     try:
         with initialize_config_dir(config_dir=str(trust.CONF), version_base="1.3"):
-            compose(run.config_name, [*run.hydra, *task], return_hydra_config=True)
+            return compose(run.config_name, [*run.hydra, *task], return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise DataError(

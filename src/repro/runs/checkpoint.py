@@ -25,6 +25,7 @@ import torch
 
 from repro.errors import CheckpointError
 from repro.files import atomic_path
+from repro.guards import received
 from repro.runs import faults, integrity
 
 log = logging.getLogger(__name__)
@@ -167,21 +168,25 @@ class _NotedWrites:
 def load(path: Path, mmap: bool = False) -> dict[str, Any]:
     """Read one of our checkpoints, or raise CheckpointError saying why it cannot be used.
     `mmap`: tensors stay in the file until read (to look at a checkpoint's plain values)."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    with path.open("rb") as handle:
-        magic = handle.read(len(ZIP_MAGIC))
-    if len(magic) < len(ZIP_MAGIC):
-        raise DamagedCheckpointError(f"{path}: truncated ({len(magic)} bytes)")
-    if magic != ZIP_MAGIC:
-        raise CheckpointError(f"{path}: not a checkpoint (torch.save writes zip archives)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        with received.opened(path, "checkpoint") as handle:
+            magic = handle.read(len(ZIP_MAGIC))
+        if len(magic) < len(ZIP_MAGIC):
+            raise DamagedCheckpointError(f"{path}: truncated ({len(magic)} bytes)")
+        if magic != ZIP_MAGIC:
+            raise CheckpointError(f"{path}: not a checkpoint (torch.save writes zip archives)")
+        state = received.load_checkpoint(path, mmap=mmap)
+    except received.ReceivedFileError as error:
+        raise CheckpointError(str(error)) from None
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"{path}: refused, it holds pickled objects other than tensors and plain values "
             "(loading them could run code)"
         ) from None
+    except CheckpointError:
+        raise
     except Exception as error:  # a broken archive fails in many ways, all of them damage
         raise DamagedCheckpointError(
             f"{path}: unreadable or truncated ({error.__class__.__name__})"
@@ -312,7 +317,7 @@ class Checkpointer:
             try:
                 os.link(path, tmp)
             except OSError:  # a file system without hard links: a copy
-                atomic_save(torch.load(path, map_location="cpu", weights_only=True), tmp)
+                atomic_save(received.load_checkpoint(path), tmp)
         _fsync_dir(self.folder)
 
     def _numbered(self, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_text_atomic
-from repro.guards import folders
+from repro.guards import folders, received
 from repro.runs import run_lock
 from repro.runtime import environment
 from repro.runtime.launch import COMMAND_VARIABLE
@@ -89,7 +89,8 @@ class RunHistory:
     def attempts(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        text = received.read_text(self.path, "table", root=self.run_dir)
+        return [received.parse_json(line, self.path) for line in text.splitlines() if line]
 
     def begin(self, cfg: DictConfig, start_step: int, resumed: dict[str, Any], env: dict) -> None:
         """Record this attempt before it writes anything else into the folder. An earlier
@@ -159,7 +160,9 @@ def already_complete(run_dir: Path, checkpoint_step: int, total_steps: int) -> b
     summary = run_dir / "summary.json"
     if checkpoint_step != total_steps or not summary.exists():
         return False
-    recorded = json.loads(summary.read_text())
+    recorded = received.load_json(summary, root=run_dir)
+    if not isinstance(recorded, dict):
+        return False
     return bool(recorded.get("completed")) and recorded.get("step") == total_steps
 
 

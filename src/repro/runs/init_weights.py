@@ -9,7 +9,6 @@ started from. Files are read with `weights_only=True`: a file holding code is re
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import pickle
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from repro.errors import CheckpointError
+from repro.guards import received
 from repro.runs import checkpoint
 from repro.runtime import distributed
 
@@ -75,14 +75,19 @@ def load_matching(model: nn.Module, path: Path) -> dict[str, Any]:
 def _read(path: Path) -> bytes:
     if not path.exists():
         raise CheckpointError(f"trainer.init_weights={path}: no such file")
-    if not path.is_file():
+    if path.is_dir():
         raise CheckpointError(f"trainer.init_weights={path}: not a file")
-    return path.read_bytes()
+    try:
+        return received.read_bytes(path, "checkpoint")
+    except received.ReceivedFileError as error:
+        raise CheckpointError(f"trainer.init_weights={error}") from None
 
 
 def _weights_in(path: Path, contents: bytes) -> dict[str, torch.Tensor]:
     try:
-        state = torch.load(io.BytesIO(contents), map_location="cpu", weights_only=True)
+        state = received.parse_checkpoint(contents, path)
+    except received.ReceivedFileError as error:
+        raise CheckpointError(f"trainer.init_weights={error}") from None
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"trainer.init_weights={path}: refused, not tensors saved by torch.save, or it "

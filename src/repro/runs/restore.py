@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from repro.data.loader import LoaderContext, eval_loader
 from repro.data.transforms import Compose
 from repro.errors import CheckpointError, ConfigError, StorageError, exit_with
 from repro.files import write_text_atomic, writing
+from repro.guards import received
 from repro.objectives import Objective
 from repro.runs import resume
 from repro.runs.checkpoint import BEST_FILE, load
@@ -79,8 +79,8 @@ def _recorded_test_weights(summary: Path) -> str | None:
     """`test_weights` of a run's summary.json (a file from whoever made the folder: a value
     outside TESTED, or a file that does not parse, says nothing)."""
     try:
-        recorded = json.loads(summary.read_text()).get("test_weights")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        recorded = received.load_json(summary, root=summary.parent).get("test_weights")
+    except (received.ReceivedFileError, AttributeError):
         return None
     return recorded if recorded in TESTED else None
 
