@@ -13,7 +13,6 @@ if __name__ == "__main__":  # before torch is imported, so the re-exec costs nex
     record_command("repro.train")
 
 import copy
-import json
 import logging
 import sys
 import time
@@ -32,7 +31,7 @@ from repro.engine import assembly
 from repro.engine.loop import Trainer
 from repro.errors import StorageError, UserError, exit_with, one_line
 from repro.files import write_json_atomic, write_text_atomic
-from repro.guards import folders
+from repro.guards import folders, received
 from repro.guards.text import for_terminal
 from repro.runs import final_test, history, resume, run_lock
 from repro.runs.checkpoint import Checkpointer
@@ -257,7 +256,7 @@ def _as_user_error(error: Exception, run_dir: Path) -> Exception:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text())
+    return received.load_json(run_dir / "summary.json", root=run_dir)
 
 
 # conf/ ships inside the package (the top-level conf/ is a link to it), so an installed engine

@@ -22,6 +22,7 @@ from typing import Any
 from repro.data.datasets import Source, Splits
 from repro.data.sources import ImageFiles, TensorImages, in_memory, target_text
 from repro.files import write_json_atomic
+from repro.guards import received
 
 CACHE_AFTER_S = 1.0
 SPLITS = ("train", "val", "test")
@@ -40,10 +41,10 @@ def _tensor_digest(source: TensorImages) -> str:
     return digest.hexdigest()
 
 
-def _contents_digest(paths: list[Path]) -> str:
+def _contents_digest(paths: list[Path], root: Path) -> str:
     digest = hashlib.sha256()
     for path in paths:
-        with path.open("rb") as handle:
+        with received.opened(path, "image", root) as handle:
             while block := handle.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()
@@ -59,10 +60,12 @@ def _files_digest(source: ImageFiles, root: Path) -> str:
         listing.update(f"{path.resolve()}\0{stat.st_mtime_ns}\0{entry}".encode())
     cached = cache_dir() / f"{listing.hexdigest()}.json"
     try:
-        contents = json.loads(cached.read_text())["contents_sha256"]
-    except (OSError, ValueError, KeyError):
+        contents = received.load_json(cached)["contents_sha256"]
+        if not isinstance(contents, str):
+            raise ValueError(contents)
+    except (received.ReceivedFileError, ValueError, KeyError, TypeError):
         started = time.perf_counter()
-        contents = _contents_digest(source.paths)
+        contents = _contents_digest(source.paths, root)
         if time.perf_counter() - started > CACHE_AFTER_S:
             try:
                 cached.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from repro.errors import DataError
+from repro.guards import received
 
 
 class Source(Protocol):
@@ -84,9 +86,14 @@ def torchvision_decoder() -> Any:
 def decode_file(path: Path) -> torch.Tensor:
     """An image file as a uint8 RGB (3, H, W) tensor; DataError naming the file if unreadable."""
     try:
+        data = received.read_bytes(path, "image")
+        received.check_pixels(data, path)
+    except received.ReceivedFileError as error:
+        raise DataError(str(error)) from None
+    try:
         if path.suffix.lower() in TORCHVISION_SUFFIXES and (decode := torchvision_decoder()):
-            return decode(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
-        with Image.open(path) as image:
+            return decode(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        with Image.open(io.BytesIO(data)) as image:
             pixels = np.asarray(image.convert("RGB"))
         return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
     except (UnidentifiedImageError, OSError, RuntimeError) as error:

@@ -40,17 +40,26 @@ SIZE_LIMITS = {
     "shard": 64 * GiB,
     "image": 256 * MiB,
 }
+# Read by the million, and often hard-linked on purpose (a deduplicated dataset): for these a
+# second hard link is allowed. One that leads out of a received folder can only be made on
+# this machine, by someone who can read its target already.
+LINKED_KINDS = ("image", "shard")
 MAX_DEPTH = 64  # nesting of a parsed record or checkpoint (ours reach ~8)
 MAX_NODES = 2_000_000  # values visited in one, counting every reference to a shared one
 MAX_PIXELS = 2**27  # 134 M pixels (11585 x 11585): about 0.4 GB as RGB once decoded
 
 
 class ReceivedFileError(UserError):
-    """A file from someone else that is refused before it is read or parsed."""
+    """A file from someone else that is refused before it is read or parsed: `why`, and the
+    message naming the file."""
+
+    def __init__(self, path: Path | str, why: str) -> None:
+        super().__init__(f"{for_terminal(str(path))}: {why}")
+        self.why = why
 
 
 def _refuse(path: Path | str, why: str) -> ReceivedFileError:
-    return ReceivedFileError(f"{for_terminal(str(path))}: {why}")
+    return ReceivedFileError(path, why)
 
 
 @contextmanager
@@ -88,7 +97,11 @@ def opened(path: Path | str, kind: str, root: Path | str | None = None) -> Itera
                 f"lies outside {for_terminal(str(inside))} once its links are "
                 f"followed ({for_terminal(str(where))}): refused",
             )
-        if info.st_nlink > 1 and _links_inside(inside, info) < info.st_nlink:
+        if (
+            kind not in LINKED_KINDS
+            and info.st_nlink > 1
+            and _links_inside(inside, info) < info.st_nlink
+        ):
             raise _refuse(
                 path,
                 "has a hard link outside its folder: refused, it is another "
@@ -104,7 +117,7 @@ def opened(path: Path | str, kind: str, root: Path | str | None = None) -> Itera
         os.close(fd)
         raise
     with handle:
-        yield _Capped(handle, limit, path, kind)
+        yield io.BufferedReader(_Capped(handle, limit, path, kind))
 
 
 def read_bytes(path: Path | str, kind: str, root: Path | str | None = None) -> bytes:

@@ -26,6 +26,7 @@ from torch import nn
 
 from repro.build import head_name
 from repro.errors import ConfigError
+from repro.guards import received
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,9 @@ def read_weights(path: str | os.PathLike, key: str) -> dict[str, torch.Tensor]:
 
             state: Any = load_file(str(file))
         else:
-            state = torch.load(file, map_location="cpu", weights_only=True)
+            state = received.load_checkpoint(file)
+    except received.ReceivedFileError as error:
+        raise ConfigError(key, str(path), f"{allowed}; {error}") from None
     except Exception:  # not the reader's words: torch's run to a paragraph asking for an issue
         reader = "safetensors" if safetensors else "torch.load"
         raise ConfigError(key, str(path), f"{allowed}; {reader} cannot read this file") from None

@@ -15,6 +15,7 @@ between files is one line naming the file and its line.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from repro.data.datasets import Splits, carve_validation, folder
 from repro.data.sources import ImageFiles
 from repro.errors import ConfigError, DataError
+from repro.guards import received
 
 
 def csv_labels(
@@ -55,9 +57,10 @@ def read_listing(root: Path, name: str) -> tuple[list[str], ImageFiles]:
     targets."""
     listing = root / name
     try:
-        with listing.open(newline="") as handle:
-            rows = list(csv.reader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        rows = list(csv.reader(io.StringIO(received.read_text(listing, "table", root))))
+    except received.ReceivedFileError as error:
+        raise DataError(f"{listing}: not a readable CSV file ({error.why})") from None
+    except csv.Error as error:
         raise DataError(f"{listing}: not a readable CSV file ({error})") from None
     if not rows or len(rows[0]) < 2:
         raise DataError(f"{listing}: the header must be path,label_a,label_b,...")

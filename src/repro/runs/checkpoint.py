@@ -83,7 +83,7 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
 
 def _fsync_dir(folder: Path) -> None:
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return  # platforms without directory fds (Windows)
     try:

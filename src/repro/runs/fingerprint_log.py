@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from repro.files import complete_lines, write_text_atomic, writing
+from repro.guards import received
 
 FILE_NAME = "fingerprints.csv"
 
@@ -39,7 +40,8 @@ class FingerprintLog:
     def read(self) -> list[Row]:
         """The complete rows (a last line torn by a kill or a full disk is not one)."""
         rows = []
-        for line in complete_lines(self.path.read_text()).splitlines():
+        text = received.read_text(self.path, "table", root=self.path.parent)
+        for line in complete_lines(text).splitlines():
             if line:
                 step, loss, digest = line.split(",")
                 rows.append(Row(int(step), loss, digest))

@@ -84,7 +84,8 @@ def check(config: Any, source: object, trust: bool = False) -> None:
 def as_data(config: Any, source: object, trust: bool = False) -> dict[str, Any]:
     """A stored config, checked (`check`), as a tool may rebuild a run from it: the values
     that decide results are the file's; what acts on this machine beyond the tool's own
-    output is this checkout's default: no callbacks, no tracker, no download."""
+    output is this checkout's default: no callbacks, no tracker, no download, no server or
+    cache folder."""
     if not isinstance(config, dict):
         raise UntrustedConfigError(f"{source}: holds no config (a mapping of keys to values)")
     stored = copy.deepcopy(watched_only(config))
@@ -96,8 +97,11 @@ def as_data(config: Any, source: object, trust: bool = False) -> dict[str, Any]:
             f"{source}: not a config of this template ({', '.join(map(str, misshapen))}: not "
             "a mapping of settings)"
         )
-    if isinstance(stored.get("data"), dict):
+    if isinstance(stored.get("data"), dict):  # where data comes from and goes is this machine's
         stored["data"]["download"] = False
+        for place in ("endpoint_url", "cache_dir"):
+            if place in stored["data"]:
+                stored["data"][place] = None
     if isinstance(stored.get("logger"), dict):
         stored["logger"].update(mlflow=None, wandb=None)
     return stored

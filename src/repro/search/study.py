@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import io
 import math
 import warnings
 from collections import Counter
@@ -26,6 +27,7 @@ from optuna.storages import RDBStorage
 
 from repro.errors import ConfigError
 from repro.files import write_json_atomic, write_text_atomic
+from repro.guards import received
 
 SQLITE = "sqlite:///"
 SUMMARY_FILE = "study.json"
@@ -78,7 +80,8 @@ class Objective:
         if self.take == "final":
             found, named = summary.get(self.metric), summary
         else:
-            rows = list(csv.DictReader((folder / "metrics.csv").open(newline="")))
+            text = received.read_text(folder / "metrics.csv", "table", root=folder)
+            rows = list(csv.DictReader(io.StringIO(text, newline="")))
             named = rows[0] if rows else {}
             scores = [float(row[self.metric]) for row in rows if row.get(self.metric)]
             found = (max if direction == "maximize" else min)(scores) if scores else None

@@ -15,7 +15,6 @@ What it changes in the plugin's `sweep`:
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from hydra_plugins.hydra_optuna_sweeper._impl import (
 from optuna.trial import TrialState
 
 from repro.errors import ConfigError, UserError, exit_with
+from repro.guards import received
 from repro.resume import overrides as recorded_overrides
 from repro.runs import run_lock
 from repro.search.study import Objective, open_study, storage_url, write_summary
@@ -179,7 +179,8 @@ class StudySweeperImpl(OptunaSweeperImpl):
         signal, whose trial stays running for the next sweep to resume."""
         folder = Path(job.hydra_cfg.hydra.runtime.output_dir)
         summary_file = folder / "summary.json"
-        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+        summary = received.load_json(summary_file, root=folder) if summary_file.is_file() else {}
+        summary = summary if isinstance(summary, dict) else {}
         if job.status == JobStatus.FAILED or job.return_value is None:
             failed = (folder / ERROR_FILE).exists() or summary.get("stopped_by_signal") is None
             return (TrialState.FAIL if failed else None), None

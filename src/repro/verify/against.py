@@ -20,7 +20,6 @@ configs differ. Imports nothing heavy: the training runs in child processes.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from repro.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
+from repro.guards import received
 from repro.runs.fingerprint_log import FingerprintLog, Row, first_divergence
 
 USAGE = "python -m repro.verify --against REV [steps=N] [threads=N] [key=value ...]"
@@ -61,7 +61,7 @@ class Side:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise UserError(f"training {self.name} failed: {last.removeprefix('error: ')}")
         self.rows = FingerprintLog.of_run(run_dir).read()
-        self.summary = json.loads((run_dir / "summary.json").read_text())
+        self.summary = received.load_json(run_dir / "summary.json", root=run_dir)
 
     def threads(self) -> str:
         return str(self.summary.get("env", {}).get("num_threads", "?"))

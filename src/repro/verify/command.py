@@ -15,13 +15,11 @@ weights): the recorded config decides results, not what this machine sends.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -36,6 +34,7 @@ from repro.errors import (
     one_line,
     warnings_to_stderr,
 )
+from repro.guards import received
 from repro.guards.network import offline
 from repro.guards.text import for_terminal
 from repro.runs import resume
@@ -97,10 +96,7 @@ def _recorded_config(
     trust: bool = False,
     download: bool = False,
 ) -> Any:
-    try:
-        recorded = OmegaConf.to_container(OmegaConf.load(resolved), resolve=False)
-    except (OSError, ValueError, yaml.YAMLError) as error:
-        raise DataError(f"{resolved}: not a config repro can read ({error})") from None
+    recorded = received.load_yaml(resolved)  # plain YAML: nothing resolved, shape capped
     if isinstance(recorded, dict):
         recorded = resume.upgrade(recorded)
     recorded = as_data(recorded, resolved, trust)  # what would be built, checked
@@ -123,10 +119,7 @@ def _summary(path: Path) -> dict[str, Any]:
     """A run's summary.json, {} if it has none; a file that is no summary is one error line."""
     if not path.is_file():
         return {}
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise DataError(f"{path}: not a summary repro can read ({error})") from None
+    summary = received.load_json(path)
     if not isinstance(summary, dict):
         raise DataError(f"{path}: not a summary repro can read (no mapping)")
     data = summary.get("data", {})

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.files import atomic_path, complete_lines, write_text_atomic, writing
+from repro.guards import received
 
 # Columns the log line shows in its own format; any other (an objective's term, the weight
 # average's results) follows them as `name value`.
@@ -38,7 +39,8 @@ class MetricsLog:
             self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
 
     def _read(self) -> tuple[list[str], list[dict[str, str]]]:
-        reader = csv.DictReader(io.StringIO(complete_lines(self.path.read_text()), newline=""))
+        text = received.read_text(self.path, "table", root=self.path.parent)
+        reader = csv.DictReader(io.StringIO(complete_lines(text), newline=""))
         return list(reader.fieldnames or []), list(reader)  # the header is read first
 
     def _rewrite(self, columns: list[str], rows: list[dict[str, str]]) -> None:
@@ -113,8 +115,8 @@ class MetricsLog:
 
     def _header(self) -> list[str]:
         """The columns of the metrics.csv a resumed run goes on writing."""
-        with self.path.open(newline="") as handle:
-            return next(csv.reader(handle), [])
+        with received.opened(self.path, "table", root=self.path.parent) as handle:
+            return next(csv.reader(io.TextIOWrapper(handle, newline="")), [])
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The run's end: its summary and records to the trackers."""
@@ -127,8 +129,8 @@ class MetricsLog:
 
 
 def read_rows(path: Path) -> list[dict[str, float]]:
-    with path.open(newline="") as handle:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+    text = received.read_text(path, "table", root=path.parent)
+    return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(text))]
 
 
 def plot_curves(metrics_csv: Path, out: Path) -> None:

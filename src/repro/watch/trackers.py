@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from repro.config import flatten
 from repro.errors import ConfigError, UserError, one_line
 from repro.files import write_text_atomic
+from repro.guards import received
 from repro.watch.loggers import STEP_LOSS
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,26 @@ def sweep_of(cfg: DictConfig) -> Sweep | None:
     hydra, parse = HydraConfig.get(), OverridesParser.create().parse_overrides
     folder = Path(hydra.sweep.dir)
     recorded = folder / "multirun.yaml"  # written before the first job (not by every sweeper)
-    given = list(OmegaConf.load(recorded).hydra.overrides.task) if recorded.exists() else []
+    given = _recorded_task(recorded, folder) if recorded.exists() else []
     fixed = {_text(o) for o in parse(given) if not o.is_sweep_override()}
     tags = {"seed": str(cfg.seed.value)}
     for override in parse(list(hydra.overrides.task)):
         if _text(override) not in fixed and override.key_or_group not in ("seed", "seed.value"):
             tags[override.key_or_group] = override.get_value_element_as_str()
     return Sweep(folder, tags)
+
+
+def _recorded_task(record: Path, sweep_dir: Path) -> list[str]:
+    """The sweep's command-line overrides from its multirun.yaml, read as data: a continued
+    study may be someone else's, and OmegaConf would resolve what it holds."""
+    found = received.load_yaml(record, root=sweep_dir)
+    try:
+        task = found["hydra"]["overrides"]["task"]
+    except (KeyError, TypeError):
+        task = None
+    if not isinstance(task, list) or not all(isinstance(o, str) for o in task):
+        raise UserError(f"{record}: not a sweep record (no list of hydra.overrides.task)")
+    return task  # parsed by Hydra's override grammar, never resolved
 
 
 def _text(override: Any) -> str:
@@ -110,7 +124,7 @@ def _numbers(summary: dict[str, Any]) -> dict[str, float]:
 
 def _kept_id(run_dir: Path, name: str) -> str | None:
     path = run_dir / name
-    return path.read_text().strip() if path.exists() else None
+    return received.read_text(path, root=run_dir).strip() if path.exists() else None
 
 
 class MlflowTracker:
