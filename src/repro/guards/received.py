@@ -247,7 +247,12 @@ def check_shape(value: Any, source: Path | str) -> None:
 
 def check_pixels(data: bytes, source: Path | str) -> None:
     """Refuse an image whose header asks for more than MAX_PIXELS, before decoding it."""
-    size = image_size(data)
+    from PIL import Image
+
+    try:
+        size = image_size(data)
+    except Image.DecompressionBombError as error:
+        raise _refuse(source, f"{error} (more pixels than may be decoded): refused") from None
     if size is not None and size[0] * size[1] > MAX_PIXELS:
         width, height = size
         raise _refuse(
@@ -270,6 +275,8 @@ def image_size(data: bytes) -> tuple[int, int] | None:
     try:
         with Image.open(io.BytesIO(data)) as image:
             return image.size
+    except Image.DecompressionBombError:
+        raise  # PIL measured it first: over twice its own cap
     except Exception:  # not an image PIL knows: the decoder's own error names it
         return None
 

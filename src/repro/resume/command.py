@@ -73,7 +73,8 @@ def job_state(folder: Path | None) -> str:
 
 def _summary(folder: Path) -> dict[str, Any]:
     path = folder / "summary.json"
-    found = received.load_json(path, root=folder) if path.is_file() else {}
+    present = path.exists() or path.is_symlink()
+    found = received.load_json(path, root=folder) if present else {}
     return found if isinstance(found, dict) else {}
 
 

@@ -165,19 +165,20 @@ class _NotedWrites:
         self.handle.flush()
 
 
-def load(path: Path, mmap: bool = False) -> dict[str, Any]:
+def load(path: Path, mmap: bool = False, root: Path | None = None) -> dict[str, Any]:
     """Read one of our checkpoints, or raise CheckpointError saying why it cannot be used.
-    `mmap`: tensors stay in the file until read (to look at a checkpoint's plain values)."""
+    `mmap`: tensors stay in the file until read (to look at a checkpoint's plain values).
+    `root`: the folder the file must lie in (received.opened), else the file's own."""
     if not path.exists() and not path.is_symlink():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        with received.opened(path, "checkpoint") as handle:
+        with received.opened(path, "checkpoint", root) as handle:
             magic = handle.read(len(ZIP_MAGIC))
         if len(magic) < len(ZIP_MAGIC):
             raise DamagedCheckpointError(f"{path}: truncated ({len(magic)} bytes)")
         if magic != ZIP_MAGIC:
             raise CheckpointError(f"{path}: not a checkpoint (torch.save writes zip archives)")
-        state = received.load_checkpoint(path, mmap=mmap)
+        state = received.load_checkpoint(path, root, mmap=mmap)
     except received.ReceivedFileError as error:
         raise CheckpointError(str(error)) from None
     except pickle.UnpicklingError:

@@ -70,8 +70,9 @@ def checkpoint_file(ckpt: Path) -> tuple[Path, str]:
     tested = _recorded_test_weights(run_dir / "summary.json")
     names = {"best": (BEST_FILE, "last.pt"), "last": ("last.pt",), "ema": ("last.pt",)}
     for name in names.get(tested, (BEST_FILE, "last.pt")):
-        if (run_dir / "checkpoints" / name).is_file():
-            return run_dir / "checkpoints" / name, "ema" if tested == "ema" else "model"
+        found = run_dir / "checkpoints" / name
+        if found.exists() or found.is_symlink():  # whatever it is, the boundary says if it reads
+            return found, "ema" if tested == "ema" else "model"
     raise CheckpointError(f"{ckpt}: a folder with no checkpoints/{BEST_FILE} or last.pt in it")
 
 
@@ -99,8 +100,9 @@ def restore(
     allowed = config.CHOICES["trainer.tta"]
     if tta is not None and tta not in allowed:
         raise ConfigError("tta", tta, f"choose one of {', '.join(allowed)}")
+    named = ckpt  # the folder (or file) the command named: what it reads must lie inside
     ckpt, weights = checkpoint_file(ckpt)
-    state = load(ckpt)
+    state = load(ckpt, root=named if named.is_dir() else None)
     stored = state.get("config")
     stored = as_data(resume.upgrade(stored) if isinstance(stored, dict) else stored, ckpt, trust)
     cfg = OmegaConf.create(without_pretrained_weights(stored))

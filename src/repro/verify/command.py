@@ -117,7 +117,7 @@ def _recorded_config(
 
 def _summary(path: Path) -> dict[str, Any]:
     """A run's summary.json, {} if it has none; a file that is no summary is one error line."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return {}
     summary = received.load_json(path)
     if not isinstance(summary, dict):
