@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from hydra.utils import instantiate
 
@@ -705,6 +706,107 @@ def junk_payload(case: Case) -> None:
     case.note(f"junk: {name}", *entries)
 
 
+SPECIAL_RUN = (
+    "checkpoints/last.pt",
+    "checkpoints/step-00000002.pt",
+    "resolved_config.yaml",
+    "attempts.jsonl",
+    "metrics.csv",
+    "fingerprints.csv",
+    ".hydra/hydra.yaml",
+    ".hydra/config.yaml",
+    ".hydra/overrides.yaml",
+    "train.log",
+    "summary.json",
+    "source.patch",
+)
+SPECIAL_SWEEP = (
+    "multirun.yaml",
+    "0/summary.json",
+    "0/metrics.csv",
+    "1/attempts.jsonl",
+    "1/checkpoints/last.pt",
+    "0/.hydra/hydra.yaml",
+    "1/.hydra/overrides.yaml",
+    "1/train.log",
+)
+RUN_ENTRIES = ("evaluate", "export", "verify:run", "resume:run", "train")
+SWEEP_ENTRIES = ("report", "resume:sweep")
+
+
+def special_file_payload(case: Case) -> None:
+    """kind special: a file of the run or sweep made a FIFO, a link to a device that never
+    ends, or a hard link to a file outside (a copy of what was there)."""
+    rng = case.rng
+    folder, name, entries = rng.choice(
+        [
+            (case.run, rng.choice(SPECIAL_RUN), RUN_ENTRIES),
+            (case.sweep, rng.choice(SPECIAL_SWEEP), SWEEP_ENTRIES),
+        ]
+    )
+    path = folder / name
+    how = rng.choice(["a FIFO", "a link to /dev/zero", "a link to /dev/urandom", "a hard link"])
+    case.links += 1
+    if how == "a hard link":
+        target = case.outside / f"hard-{case.links}-{path.name.lstrip('.')}"
+        shutil.copy2(path, target) if path.is_file() else target.write_text("{}\n")
+    path.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if how == "a FIFO":
+        os.mkfifo(path)
+    elif how == "a hard link":
+        os.link(target, path)
+    else:
+        path.symlink_to(how.rsplit(" ", 1)[-1])
+    case.note(f"{path.relative_to(case.root)} made {how}", *entries)
+
+
+def bomb_payload(case: Case) -> None:
+    """kind bomb: a small file that asks for unbounded time or memory: shared references in a
+    checkpoint, an alias bomb in a YAML record, JSON nested 100,000 deep."""
+    rng = case.rng
+    which = rng.choice(["shared references", "alias bomb", "deep JSON"])
+    if which == "shared references":
+        nested: list = []
+        for _ in range(40):
+            nested = [nested] * 4
+        for path in sorted((case.run / "checkpoints").glob("*.pt")):
+            state = torch.load(path, weights_only=True)
+            state[rng.choice(["extra", "config"])] = {"model": nested}
+            path.unlink()
+            torch.save(state, path)  # no digest: computing one would walk the 4**40 values
+        case.note(
+            "checkpoints with shared references, 4**40 deep",
+            "evaluate",
+            "export",
+            "predict",
+            "resume:run",
+        )
+        return
+    if which == "alias bomb":
+        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+        lines += [f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 9) + "]" for n in range(1, 12)]
+        name, entries = rng.choice(
+            [
+                ("resolved_config.yaml", ("verify:run",)),
+                (".hydra/hydra.yaml", ("resume:run",)),
+                ("multirun.yaml", SWEEP_ENTRIES),
+            ]
+        )
+        path = (case.sweep if name == "multirun.yaml" else case.run) / name
+        path.write_text("\n".join(lines) + "\n")
+        case.note(f"{path.relative_to(case.root)}: an alias bomb", *entries)
+        return
+    path, entries = rng.choice(
+        [
+            (case.run / "attempts.jsonl", RUN_ENTRIES),
+            (case.sweep / "0" / "summary.json", SWEEP_ENTRIES),
+        ]
+    )
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    case.note(f"{path.relative_to(case.root)}: JSON nested 100,000 deep", *entries)
+
+
 KINDS: dict[str, Callable[[Case], None]] = {
     "ckpt_target": lambda case: stored_config_payload(case, "ckpt_target"),
     "ckpt_interp": lambda case: stored_config_payload(case, "ckpt_interp"),
@@ -715,9 +817,11 @@ KINDS: dict[str, Callable[[Case], None]] = {
     "run_symlink": run_symlink_payload,
     "sweep_symlink": sweep_symlink_payload,
     "junk": junk_payload,
+    "special": special_file_payload,
+    "bomb": bomb_payload,
 }
-APPLY_ORDER = {"junk": 1, "run_symlink": 2, "sweep_symlink": 2}
-RELAUNCHED = ("run_overrides", "sweep_overrides", "run_symlink", "sweep_symlink", "junk")
+APPLY_ORDER = {"junk": 1, "bomb": 1, "run_symlink": 2, "sweep_symlink": 2, "special": 2}
+RELAUNCHED = ("run_overrides", "sweep_overrides", "run_symlink", "sweep_symlink", "junk", "special")
 
 
 def kind_of(seed: int) -> str:
@@ -974,10 +1078,11 @@ def test_the_payloads_are_live(tmp_path):
     pickle.loads((outside / "evil.pickle").read_bytes())
     assert marker.exists()
     marker.unlink()
-    # The checkout's own package first on PYTHONPATH, as in a relaunch: the working folder wins.
+    # Live for any process with the working folder on its path (`python -m repro.X` re-runs
+    # itself without it: tests/test_received_boundary.py), even before the checkout's src/.
     path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
-    subprocess.run([sys.executable, "-m", "repro.train"], cwd=outside, env=env, check=True)
+    subprocess.run([sys.executable, "-c", "import repro.train"], cwd=outside, env=env, check=True)
     assert marker.exists()
 
 

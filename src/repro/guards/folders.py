@@ -7,7 +7,8 @@ anything into it, run.lock included: a link whose target lies outside the folder
 not) is refused, as is a file written in place (appended or truncated, not renamed over) that
 has a second hard link. Links inside the folder (wandb's `latest-run`) are harmless, and so are
 the hard links of checkpoints/ (`last.pt` names a step file by design): those files are only
-ever replaced by a rename.
+ever replaced by a rename. A FIFO, socket or device anywhere in the folder is refused too: the
+first open of one would wait forever (Hydra's train.log) or never end.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def problem(folder: Path, kind: str = "run folder") -> str | None:
                     f"through it would change a file outside the {kind}; remove the link (or "
                     f"put a copy of its target in its place), or choose another {kind}"
                 )
+        elif not entry.is_dir(follow_symlinks=False) and not entry.is_file(follow_symlinks=False):
+            return (
+                f"{folder}: {name} is not a regular file (a FIFO, a socket or a device): "
+                f"reading or writing it could wait forever; remove it, or choose another {kind}"
+            )
         elif _in_place(entry) and entry.stat(follow_symlinks=False).st_nlink > 1:
             return (
                 f"{folder}: {name} has another hard link: writing it would change that file, "
