@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,10 +26,12 @@ def writing(path: Path) -> Iterator[None]:
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary name beside `path` to write to: when the block ends it replaces `path` in
-    one step; if the block raises, it is removed and `path` is left as it was."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    one step; if the block raises, it is removed and `path` is left as it was. The name is
+    new and unguessable, so no link planted in a received folder waits under it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with writing(path):
+            tmp.unlink(missing_ok=True)  # a link is removed, never followed
             yield tmp
             tmp.replace(path)
     finally:

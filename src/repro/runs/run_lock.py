@@ -54,7 +54,8 @@ def try_claim(run_dir: Path) -> str | None:
     folders.check(folder)
     folder.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # a link is refused
+        fd = os.open(folder / LOCK_FILE, flags, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
