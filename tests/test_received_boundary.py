@@ -372,3 +372,29 @@ def test_shape_caps_count_a_shared_value_at_each_use():
     buffer = io.BytesIO()
     torch.save({"deep": [[[[[]]]]]}, buffer)
     assert received.parse_checkpoint(buffer.getvalue(), "small") == {"deep": [[[[[]]]]]}
+
+
+# --- a checkpoint of the wrong layout: one line, whatever its digest says ---
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda s: s.update(model=[1, 2]), "model is not a mapping of names to tensors"),
+        (lambda s: s.update(model={k: "x" for k in s["model"]}), "model is not a mapping"),
+        (lambda s: s.update(position="x"), "position is not a mapping with an integer step"),
+        (lambda s: s["position"].update(step="2"), "position is not a mapping"),
+        (lambda s: s.update(classes=5), "classes is not a list of names"),
+        (lambda s: s.update(normalisation=[0.5]), "normalisation is not a mapping"),
+        (lambda s: s.update(root_seed="0"), "root_seed is not an integer"),
+        (lambda s: s.update(model={k: torch.zeros(1) for k in s["model"]}), "do not fit the model"),
+    ],
+)
+def test_a_checkpoint_of_the_wrong_layout_is_one_line(trained, tmp_path, edit, said, capsys):
+    from repro.runs import checkpoint
+
+    state = checkpoint.load(trained / "checkpoints" / "last.pt")
+    edit(state)
+    checkpoint.atomic_save(state, tmp_path / "crafted.pt")  # with a digest that matches
+    assert exit_code(evaluate_main, f"ckpt={tmp_path / 'crafted.pt'}") == 2
+    assert said in one_line(capsys)

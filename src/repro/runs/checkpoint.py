@@ -197,8 +197,36 @@ def load(path: Path, mmap: bool = False, root: Path | None = None) -> dict[str, 
     if state.get("version") not in READABLE:
         found = state.get("version")
         raise CheckpointError(f"{path}: checkpoint format version {found}, expected {VERSION}")
+    check_layout(state, path)
     check_intact(state, path)
     return state
+
+
+def check_layout(state: dict[str, Any], path: Path | str) -> None:
+    """Refuse a checkpoint whose entries are not of the kinds a run writes (a crafted one can
+    carry a matching digest), in one line, not a TypeError where one is first used."""
+    model, position, classes = state.get("model"), state.get("position"), state.get("classes")
+    wrong = []
+    if "model" in state and not (
+        isinstance(model, dict)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items())
+    ):
+        wrong.append("model is not a mapping of names to tensors")
+    if "position" in state and not (
+        isinstance(position, dict) and isinstance(position.get("step"), int)
+    ):
+        wrong.append("position is not a mapping with an integer step")
+    if classes is not None and not (
+        isinstance(classes, list) and all(isinstance(name, str) for name in classes)
+    ):
+        wrong.append("classes is not a list of names")
+    for key in ("config", "normalisation", "split_sizes", "resolved"):
+        if key in state and state[key] is not None and not isinstance(state[key], dict):
+            wrong.append(f"{key} is not a mapping")
+    if not isinstance(state.get("root_seed", 0), int):
+        wrong.append("root_seed is not an integer")
+    if wrong:
+        raise CheckpointError(f"{path}: not laid out as a repro checkpoint ({'; '.join(wrong)})")
 
 
 def check_intact(state: dict[str, Any], path: Path | str) -> None:

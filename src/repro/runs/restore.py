@@ -116,7 +116,13 @@ def restore(
         precision = Precision("off", device)
     memory_format = MemoryFormat(cfg.memory_format.name)
     model = build.model(cfg, state["root_seed"], num_classes=classes_of(state, cfg))
-    model.load_state_dict(_weights(state, weights, ckpt))
+    try:
+        model.load_state_dict(_weights(state, weights, ckpt))
+    except RuntimeError as error:  # torch's words run over many lines: the first says it
+        said = str(error).strip().splitlines()[-1].strip()
+        raise CheckpointError(
+            f"{ckpt}: its weights do not fit the model its config builds ({said})"
+        ) from None
     model = memory_format.model(model.to(device)).eval()
     # Older checkpoints record none: their data.* was all there was.
     norm = state.get("normalisation") or build.normalisation(cfg)
