@@ -7,8 +7,9 @@ anything into it, run.lock included: a link whose target lies outside the folder
 not) is refused, as is a file written in place (appended or truncated, not renamed over) that
 has a second hard link. Links inside the folder (wandb's `latest-run`) are harmless, and so are
 the hard links of checkpoints/ (`last.pt` names a step file by design): those files are only
-ever replaced by a rename. A FIFO, socket or device anywhere in the folder is refused too: the
-first open of one would wait forever (Hydra's train.log) or never end.
+ever replaced by a rename; a file with a hard link outside the folder is refused whatever it
+is. A FIFO, socket or device anywhere in the folder is refused too: the first open of one
+would wait forever (Hydra's train.log) or never end.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def problem(folder: Path, kind: str = "run folder") -> str | None:
     if not folder.is_dir():
         return None
     root = Path(os.path.realpath(folder))
+    linked: dict[tuple[int, int], list[Path]] = {}  # a file with hard links -> its names here
+    links_of: dict[tuple[int, int], int] = {}
     for entry in _entries(folder):
         name = Path(entry.path).relative_to(folder)
         if entry.is_symlink():
@@ -59,6 +62,17 @@ def problem(folder: Path, kind: str = "run folder") -> str | None:
                 f"{folder}: {name} has another hard link: writing it would change that file, "
                 f"wherever it is, too; replace it by a copy of its own (cp, then mv over it), "
                 f"or choose another {kind}"
+            )
+        elif entry.is_file(follow_symlinks=False):
+            info = entry.stat(follow_symlinks=False)
+            if info.st_nlink > 1:
+                linked.setdefault((info.st_dev, info.st_ino), []).append(name)
+                links_of[(info.st_dev, info.st_ino)] = info.st_nlink
+    for file, names in linked.items():  # checkpoints/ links its own files: those stay inside
+        if len(names) < links_of[file]:
+            return (
+                f"{folder}: {names[0]} has a hard link outside the {kind}: it is another "
+                f"file's contents; replace it by a copy of its own, or choose another {kind}"
             )
     return None
 

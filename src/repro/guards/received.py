@@ -84,11 +84,9 @@ def opened(path: Path | str, kind: str, root: Path | str | None = None) -> Itera
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _refuse(
-                path,
-                f"a {_file_type(info.st_mode)}, not a regular file: refused, "
-                "reading it could wait or run forever",
-            )
+            kind_of_file = _file_type(info.st_mode)
+            hangs = "" if kind_of_file == "folder" else ", reading it could wait or never end"
+            raise _refuse(path, f"a {kind_of_file}, not a regular file: refused{hangs}")
         inside = Path(os.path.realpath(root if root is not None else path.parent))
         where = _descriptor_path(fd, path)
         if where != inside and inside not in where.parents:
@@ -149,7 +147,8 @@ def parse_yaml(text: str, source: Path | str) -> Any:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise _refuse(source, f"not valid YAML{where}") from None
+        said = getattr(error, "problem", None) or getattr(error, "context", None)
+        raise _refuse(source, f"not valid YAML{where}" + (f" ({said})" if said else "")) from None
 
 
 def _check_yaml_events(text: str, source: Path | str) -> None:
@@ -191,9 +190,13 @@ def parse_json(text: str | bytes, source: Path | str) -> Any:
     """`load_json` for text already read through this module (a line of attempts.jsonl)."""
     try:
         found = json.loads(text)
-    except (ValueError, RecursionError) as error:  # JSONDecodeError, bad UTF-8, too deep
-        why = "nested too deep" if isinstance(error, RecursionError) else "not valid JSON"
-        raise _refuse(source, why) from None
+    except RecursionError:
+        raise _refuse(source, "nested too deep") from None
+    except json.JSONDecodeError as error:
+        said = f"{error.msg} at line {error.lineno} column {error.colno}"
+        raise _refuse(source, f"not valid JSON ({said})") from None
+    except ValueError:  # bytes that are no UTF-8
+        raise _refuse(source, "not valid JSON (not UTF-8 text)") from None
     check_shape(found, source)
     return found
 

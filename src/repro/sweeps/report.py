@@ -10,15 +10,13 @@ seed (paired), others by Welch's interval (`compare`), and each difference gets 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from repro.guards import received
 from repro.sweeps import DECISION_FILE, ERROR_FILE
 from repro.sweeps.stats import difference_of_means, paired_difference, summarize
 from repro.sweeps.verdict import TIMES, verdict
@@ -99,22 +97,29 @@ def read_job(folder: Path) -> Job:
     """A job's overrides, summary and how it failed; records that cannot be read (damaged, or
     not repro's) make it a failed job saying so, not a failed report."""
     summary_file, error_file = folder / "summary.json", folder / ERROR_FILE
+    sweep_dir = folder.parent  # what the job reads lies in the sweep folder the command named
+    present = summary_file.exists() or summary_file.is_symlink()
     try:
-        overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
-        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+        overrides = received.load_yaml(folder / ".hydra" / "overrides.yaml", sweep_dir) or []
+        summary = received.load_json(summary_file, root=sweep_dir) if present else None
         if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
             raise ValueError(".hydra/overrides.yaml holds no list of overrides")
         if summary is not None and not isinstance(summary, dict):
             raise ValueError("summary.json holds no mapping")
-    except (OSError, ValueError, yaml.YAMLError) as unreadable:
-        reason = str(unreadable).strip().splitlines()[0] if str(unreadable).strip() else ""
+    except (received.ReceivedFileError, ValueError) as unreadable:
+        said = getattr(unreadable, "why", str(unreadable))
+        reason = said.strip().splitlines()[0] if said.strip() else ""
         return Job(
             folder.name, [], None, f"records unreadable: {reason or type(unreadable).__name__}"
         )
     error = None
     # An error.txt older than the summary is a failed attempt that a later one made good.
-    if error_file.is_file() and not _newer(summary_file, error_file):
-        error = error_file.read_text().strip().splitlines()[-1] if error_file.read_text() else "?"
+    if (error_file.exists() or error_file.is_symlink()) and not _newer(summary_file, error_file):
+        try:
+            said = received.read_text(error_file, root=sweep_dir).strip().splitlines()
+        except received.ReceivedFileError as unreadable:
+            said = [f"error.txt unreadable: {unreadable.why}"]
+        error = said[-1] if said else "?"
     elif summary is None:
         error = "no summary.json (the job was killed or is still running)"
     elif not summary.get("completed", True):
@@ -128,13 +133,14 @@ def _monitor(folder: Path, summary: dict[str, Any]) -> tuple[str, str] | None:
     None where .hydra/config.yaml does not say (its absence or damage costs the report only
     that)."""
     try:
-        trainer = (yaml.safe_load((folder / ".hydra" / "config.yaml").read_text()) or {})["trainer"]
+        recorded = received.load_yaml(folder / ".hydra" / "config.yaml", folder.parent)
+        trainer = (recorded or {})["trainer"]
         monitor = str(trainer["monitor"])
         if monitor == "auto":
             named = [key for key in summary if key.startswith("best_") and key != "best_step"]
             monitor = named[0].removeprefix("best_") if len(named) == 1 else monitor
         return monitor, str(trainer["monitor_mode"])
-    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, RecursionError):
+    except (received.ReceivedFileError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -158,7 +164,9 @@ def build(sweep_dir: Path, metrics: Sequence[str] = ()) -> Report:
     """The report of the jobs in `sweep_dir`; `metrics`: numbers to summarise beyond the usual."""
     jobs = collect(sweep_dir)
     decision_file = sweep_dir / DECISION_FILE
-    adaptive = json.loads(decision_file.read_text()) if decision_file.is_file() else None
+    adaptive = (
+        received.load_json(decision_file, root=sweep_dir) if decision_file.is_file() else None
+    )
     named = [*metrics, *([adaptive["metric"]] if adaptive else [])]
     report = Report(sweep_dir, jobs, metrics=metrics_of(jobs, named), adaptive=adaptive)
     values: dict[str, dict[str, list[tuple[Any, float]]]] = {}  # group, metric: (seed, value)s
