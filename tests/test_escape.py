@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 import yaml
@@ -110,7 +111,9 @@ def test_a_sweeps_files_reach_its_csv_and_the_terminal_escaped(tmp_path, capsys)
     assert cells[1]["group"] == r"lr=\x1b[31mred"
     assert cells[1]["error"] == r"ConfigError: \x1b]0;pwned\x07"
     markdown = (tmp_path / "sweep_summary.md").read_text()
-    assert r"| 1 | lr=\x1b[31mred |" in markdown and r"FAILED: ConfigError: \x1b]0;" in markdown
+    # Shown as the text the terminal line shows: the backslash and brackets escaped for Markdown.
+    assert r"| 1 | lr=\\x1b\[31mred |" in markdown
+    assert r"FAILED: ConfigError: \\x1b\]0;" in markdown
     for text in (markdown, (tmp_path / "sweep_summary.csv").read_text(), *printed):
         assert "\x1b" not in text and "\x07" not in text
     assert printed.out == render.markdown(report.build(tmp_path))
@@ -168,3 +171,42 @@ def test_class_names_reach_the_terminal_escaped(evil, capsys):
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "\x1b" not in err
     assert f"trained on [{HYPERLINK}, cat\\x1b[31m, plain]" in err.splitlines()[-1]
+
+
+INJECTED = "a|b <img src=x onerror=alert(1)> [click](http://evil.example) `code` \x1b[2J"
+
+
+def test_a_sweeps_text_cannot_add_columns_links_or_html_to_its_markdown(tmp_path):
+    _job(tmp_path, 0, ["seed.value=0"], {"val_acc": 0.5, "seed": INJECTED})
+    _job(tmp_path, 1, [f"lr={INJECTED}", "seed.value=0"], error=f"ConfigError: {INJECTED}\n")
+    report_command.main([str(tmp_path)])
+    markdown = (tmp_path / "sweep_summary.md").read_text()
+    for block in markdown.split("\n\n"):
+        table = [line for line in block.splitlines() if line.startswith("|")]
+        columns = {line.replace("\\|", "").count("|") for line in table}
+        assert len(columns) <= 1, table  # each row of a table: the table's columns, no more
+    for raw in ("<img", "[click]", "`code`", "\x1b"):
+        assert not re.search(r"(?<!\\)" + re.escape(raw), markdown), raw  # only escaped
+    assert r"\<img src=x onerror=alert(1)\>" in markdown and r"\[click\]" in markdown
+
+
+def test_hydras_launcher_line_reaches_the_terminal_escaped(capsys):
+    import logging.config
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from repro.runs import trust
+
+    with initialize_config_dir(config_dir=str(trust.CONF), version_base="1.3"):
+        cfg = compose("config", return_hydra_config=True)
+    for section in ("hydra_logging", "job_logging"):
+        settings = OmegaConf.to_container(cfg.hydra[section], resolve=False)
+        settings["handlers"] = {"console": settings["handlers"]["console"]}
+        settings["root"]["handlers"] = ["console"]
+        logging.config.dictConfig(settings)
+        logging.getLogger("hydra.core.utils").info("\t#0 : %s", "lr=\x1b[2J\x1b]0;title\x07")
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out, section
+        assert r"lr=\x1b[2J\x1b]0;title\x07" in out and "\t#0 : " in out, section
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})

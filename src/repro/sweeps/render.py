@@ -11,17 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from repro.files import write_text_atomic
-from repro.guards.text import for_csv, for_terminal
+from repro.guards.text import for_csv, for_markdown, for_terminal
 from repro.sweeps.report import Job, Report
 from repro.watch.loggers import save_figure_atomic
 
 
-def _fmt(x: float, digits: int = 4) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+def _fmt(x: Any, digits: int = 4) -> str:
+    """A number as the tables show it; anything else a job's summary holds, as escaped text."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return f"{x:.{digits}f}"
+    return for_markdown(x)
 
 
 def markdown(report: Report) -> str:
-    lines = [f"# Sweep report: {report.sweep_dir}", ""]
+    md = for_markdown  # every name, value and error from the jobs' files, as text
+    lines = [f"# Sweep report: {md(report.sweep_dir)}", ""]
     counted, failed = sum(j.counted for j in report.jobs), sum(not j.ok for j in report.jobs)
     pruned = len(report.jobs) - counted - failed  # said only where a search pruned some
     said = f"{len(report.jobs)} jobs, {counted} finished, {failed} failed"
@@ -37,7 +43,7 @@ def markdown(report: Report) -> str:
         for metric, s in metrics.items():
             ci = f"[{_fmt(s['ci_low'])}, {_fmt(s['ci_high'])}]"
             lines.append(
-                f"| {name} | {metric} | {s['count']} | {_fmt(s['mean'])} | {_fmt(s['std'])} | "
+                f"| {md(name)} | {md(metric)} | {s['count']} | {_fmt(s['mean'])} | {_fmt(s['std'])} | "
                 f"{_fmt(s['min'])} | {_fmt(s['max'])} | {ci} |"
             )
     if report.comparisons:
@@ -49,7 +55,7 @@ def markdown(report: Report) -> str:
                 d, w = comp[metric], comp[metric]["welch"]
                 cis = [f"[{_fmt(x['ci_low'])}, {_fmt(x['ci_high'])}]" for x in (d, w)]
                 lines.append(
-                    f"| {comp['a']} | {comp['b']} | {metric} | {_fmt(d['difference'])} | "
+                    f"| {md(comp['a'])} | {md(comp['b'])} | {md(metric)} | {_fmt(d['difference'])} | "
                     f"{cis[0]} | {d['test']} | {cis[1]} | {d['verdict']} |"
                 )
     lines += ["", "## Jobs", ""]
@@ -58,25 +64,28 @@ def markdown(report: Report) -> str:
     for job in report.jobs:
         s = job.summary or {}
         status = {"ok": "ok", "pruned": f"pruned at step {s.get('step')}"}.get(job.status)
-        status = status or f"FAILED: {job.error}"
-        sha = s.get("weights_sha256", "")[:16]
-        seed, acc, test = s.get("seed", ""), _fmt(s.get("val_acc")), _fmt(s.get("test_acc"))
-        lines.append(f"| {job.name} | {job.group} | {seed} | {acc} | {test} | {sha} | {status} |")
-    # Groups, errors and metric names come from the jobs' files, and the table is printed.
+        status = md(status or f"FAILED: {job.error}")
+        sha = md(str(s.get("weights_sha256", ""))[:16])
+        seed, acc, test = md(s.get("seed", "")), _fmt(s.get("val_acc")), _fmt(s.get("test_acc"))
+        row = [md(job.name), md(job.group), seed, acc, test, sha, status]
+        lines.append("| " + " | ".join(row) + " |")
+    # Escaped again as a whole: the report's text is printed too.
     return "\n".join(map(for_terminal, lines)) + "\n"
 
 
 def _adaptive_lines(decision: dict[str, Any]) -> list[str]:
-    """The adaptive sweeper's answer and its looks (hydra_plugins.repro.adaptive_seeds)."""
-    level = f"{100 * decision['look_confidence']:.2f}%"
-    heading = (
-        f"## Adaptive seeds: {decision['metric']} of b = {decision['b']} vs a = {decision['a']}"
-    )
-    lines = [heading, "", decision["why"], ""]
-    lines += [f"| seeds | {decision['metric']}: b - a | {level} CI |", "|---|---|---|"]
-    for look in decision["looks"]:
-        ci = f"[{_fmt(look['ci_low'])}, {_fmt(look['ci_high'])}]"
-        lines.append(f"| {look['seeds']} | {_fmt(look['difference'])} | {ci} |")
+    """The adaptive sweeper's answer and its looks (hydra_plugins.repro.adaptive_seeds), each
+    value as the decision file holds it, escaped."""
+    md, get = for_markdown, decision.get
+    confidence = get("look_confidence")
+    level = f"{_fmt(100 * confidence, 2)}%" if isinstance(confidence, int | float) else "?"
+    metric, a, b = md(get("metric")), md(get("a", "?")), md(get("b", "?"))
+    lines = [f"## Adaptive seeds: {metric} of b = {b} vs a = {a}", "", md(get("why", "")), ""]
+    lines += [f"| seeds | {metric}: b - a | {level} CI |", "|---|---|---|"]
+    looks = get("looks") if isinstance(get("looks"), list) else []
+    for look in (look for look in looks if isinstance(look, dict)):
+        ci = f"[{_fmt(look.get('ci_low'))}, {_fmt(look.get('ci_high'))}]"
+        lines.append(f"| {md(look.get('seeds'))} | {_fmt(look.get('difference'))} | {ci} |")
     return [*lines, ""]
 
 

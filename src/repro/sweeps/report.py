@@ -160,13 +160,19 @@ def collect(sweep_dir: Path) -> list[Job]:
     return jobs
 
 
+def _decision(found: Any) -> dict[str, Any] | None:
+    """The adaptive sweeper's decision file as the report reads it: None (it says nothing) if
+    it names no metric."""
+    return found if isinstance(found, dict) and isinstance(found.get("metric"), str) else None
+
+
 def build(sweep_dir: Path, metrics: Sequence[str] = ()) -> Report:
     """The report of the jobs in `sweep_dir`; `metrics`: numbers to summarise beyond the usual."""
     jobs = collect(sweep_dir)
     decision_file = sweep_dir / DECISION_FILE
-    adaptive = (
-        received.load_json(decision_file, root=sweep_dir) if decision_file.is_file() else None
-    )
+    adaptive = None
+    if decision_file.exists() or decision_file.is_symlink():
+        adaptive = _decision(received.load_json(decision_file, root=sweep_dir))
     named = [*metrics, *([adaptive["metric"]] if adaptive else [])]
     report = Report(sweep_dir, jobs, metrics=metrics_of(jobs, named), adaptive=adaptive)
     values: dict[str, dict[str, list[tuple[Any, float]]]] = {}  # group, metric: (seed, value)s
