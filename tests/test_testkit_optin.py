@@ -5,9 +5,12 @@ that asks for it (`repro_testkit = true`): a foreign suite with its own `data_op
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 FOREIGN_TEST = """
 import pytest
@@ -68,3 +71,51 @@ def test_a_project_that_asks_for_the_kit_gets_its_options(tmp_path):
     done = pytest_in(tmp_path, "--collect-only")
     assert "test_each_data_option[stripes]" in done.stdout, done.stdout[-3000:]
     assert "test_each_data_option[synthetic]" in done.stdout
+
+
+KIT_NAMES = (
+    "data_option",
+    "objective_option",
+    "metrics_option",
+    "experiment_option",
+    "stateful_option",
+    "repro_project",
+)
+
+
+def foreign_suite(rng: random.Random) -> tuple[str, int]:
+    """A suite that uses some of the kit's fixture names for its own ends, each by a fixture,
+    a parametrization or an argument default; and how many tests it holds."""
+    names = rng.sample(KIT_NAMES, rng.randint(1, len(KIT_NAMES)))
+    lines, tests = ["import pytest", ""], 0
+    for index, name in enumerate(names):
+        style = rng.choice(["fixture", "params", "parametrize"])
+        values = [f"theirs-{index}-{n}" for n in range(rng.randint(1, 3))]
+        if style == "fixture":
+            lines += ["@pytest.fixture", f"def {name}():", f"    return {values[0]!r}", ""]
+            values = values[:1]
+        elif style == "params":
+            lines += [f"@pytest.fixture(params={values!r})", f"def {name}(request):"]
+            lines += ["    return request.param", ""]
+        else:
+            lines += [f"@pytest.mark.parametrize({name!r}, {values!r})"]
+        lines += [
+            f"def test_{index}({name}):",
+            f"    assert {name}.startswith('theirs-{index}-')",
+            "",
+        ]
+        tests += len(values)
+    return "\n".join(lines), tests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(5))
+def test_foreign_suites_drawn_at_random_are_left_alone(tmp_path, seed):
+    """The plugin, fuzzed: whichever of the kit's names a foreign suite uses, and however."""
+    text, tests = foreign_suite(random.Random(seed))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_theirs.py").write_text(text)
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntestpaths = ['tests']\n")
+    done = pytest_in(tmp_path)
+    assert done.returncode == 0 and f"{tests} passed" in done.stdout, text + done.stdout[-2000:]
+    assert "skipped" not in done.stdout
