@@ -98,10 +98,11 @@ MUTANTS = [
            ("test_storage_faults.py::test_torch_save_on_a_full_disk_raises_the_disks_error_not_torchs",)),
     # Weights-only loading and integrity.
     Mutant("unpickle-checkpoint", "a checkpoint is read with weights_only=True",
-           "runs/checkpoint.py", "weights_only=True, mmap=mmap", "weights_only=False, mmap=mmap",
+           "guards/received.py", 'torch.load(handle, map_location="cpu", weights_only=True)',
+           'torch.load(handle, map_location="cpu", weights_only=False)',
            ("test_checkpoints.py::test_foreign_and_malicious_files_are_refused",)),
     Mutant("unpickle-init", "init_weights reads with weights_only=True",
-           "runs/init_weights.py",
+           "guards/received.py",
            'torch.load(io.BytesIO(contents), map_location="cpu", weights_only=True)',
            'torch.load(io.BytesIO(contents), map_location="cpu", weights_only=False)',
            ("test_init_weights.py::test_files_that_cannot_start_a_model_are_refused_in_one_line",)),

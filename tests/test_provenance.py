@@ -131,7 +131,7 @@ def test_a_slow_content_hash_is_cached_and_reused_for_an_unchanged_folder(folder
     first = fingerprint.fingerprint(file_splits(folder), str(folder))
     assert len(list(fingerprint.cache_dir().iterdir())) == 1
 
-    def unread(paths):
+    def unread(*_):
         raise AssertionError("the cached digest should have been used")
 
     monkeypatch.setattr(fingerprint, "_contents_digest", unread)
