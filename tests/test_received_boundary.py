@@ -398,3 +398,31 @@ def test_a_checkpoint_of_the_wrong_layout_is_one_line(trained, tmp_path, edit, s
     checkpoint.atomic_save(state, tmp_path / "crafted.pt")  # with a digest that matches
     assert exit_code(evaluate_main, f"ckpt={tmp_path / 'crafted.pt'}") == 2
     assert said in one_line(capsys)
+
+
+# --- what we write into a folder from someone else: never through a link ---
+
+
+@pytest.mark.parametrize("planted", ["symlink", "hard link", "fifo"])
+def test_a_file_written_in_place_is_never_written_through_a_planted_link(tmp_path, planted):
+    from repro.files import open_in_place
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's own file\n")
+    path = tmp_path / "metrics.csv"
+    if planted == "symlink":
+        path.symlink_to(outside)
+    elif planted == "hard link":
+        os.link(outside, path)
+    else:
+        os.mkfifo(path)
+    for mode in ("a", "wb"):
+        with bounded(), pytest.raises(OSError):
+            open_in_place(path, mode)
+    assert outside.read_text() == "the user's own file\n"
+    fresh = tmp_path / "fresh.csv"
+    with open_in_place(fresh, "a", newline="") as handle:
+        handle.write("step,loss\n")
+    with open_in_place(fresh, "wb") as handle:
+        handle.write(b"new\n")
+    assert fresh.read_bytes() == b"new\n"

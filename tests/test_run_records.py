@@ -338,20 +338,31 @@ def test_a_disk_too_full_for_the_reserve_still_records_the_attempt_and_its_end(
     recorded, tmp_path, monkeypatch
 ):
     import errno
-    from pathlib import Path
 
     from omegaconf import OmegaConf
 
     history = recorded.RunHistory(tmp_path)
     (tmp_path / "attempts" / "1").mkdir(parents=True)  # left by an attempt killed before its line
-    real_write = Path.write_bytes
+    real_open = recorded.open_in_place
 
-    def full(path, data):
-        if path.name == recorded.RESERVE_FILE:
+    class Full:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_):
+            self.handle.close()
+
+        def write(self, data):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(path, data)
 
-    monkeypatch.setattr(Path, "write_bytes", full)
+    def full(path: Path, mode: str = "a"):
+        handle = real_open(path, mode)  # made, then the disk is full
+        return Full(handle) if path.name == recorded.RESERVE_FILE else handle
+
+    monkeypatch.setattr(recorded, "open_in_place", full)
     history.begin(OmegaConf.create({"a": 1}), 0, {}, {})
     assert not (tmp_path / recorded.RESERVE_FILE).exists()
     history.end("completed", 3)

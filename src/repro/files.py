@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from repro.errors import StorageError
 
@@ -36,6 +38,26 @@ def atomic_path(path: Path) -> Iterator[Path]:
             tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def open_in_place(path: Path, mode: str = "a", newline: str | None = None) -> IO[Any]:
+    """`path` opened to append (`a`, `ab`) or to overwrite where it is (`wb`), as the files of
+    a run folder that may come from someone else are: never through a link (`O_NOFOLLOW`),
+    never a FIFO or device, never a file with a second hard link (an OSError, which
+    `writing` names). Nothing is truncated before those checks."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags | (os.O_APPEND if "a" in mode else 0), 0o644)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+            why = "not a regular file, or a file with another hard link: refused"
+            raise OSError(errno.EPERM, why, str(path))
+        if "w" in mode:
+            os.ftruncate(fd, 0)
+        return os.fdopen(fd, mode, newline=newline) if "b" not in mode else os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def complete_lines(text: str) -> str:

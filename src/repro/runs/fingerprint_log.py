@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from repro.files import complete_lines, write_text_atomic, writing
+from repro.files import complete_lines, open_in_place, write_text_atomic, writing
 from repro.guards import received
 
 FILE_NAME = "fingerprints.csv"
@@ -34,7 +34,7 @@ class FingerprintLog:
         """Steps `first_step`, `first_step + 1`, ...; the hash goes on the last of them."""
         lines = [f"{first_step + offset},{loss!r}," for offset, loss in enumerate(losses)]
         lines[-1] += weights_sha256
-        with writing(self.path), self.path.open("a") as handle:
+        with writing(self.path), open_in_place(self.path) as handle:
             handle.write("\n".join(lines) + "\n")
 
     def read(self) -> list[Row]:

@@ -25,7 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from repro.errors import StorageError, UserError, exit_with, one_line
-from repro.files import write_text_atomic
+from repro.files import open_in_place, write_text_atomic
 from repro.guards import folders, received
 from repro.runs import run_lock
 from repro.runtime import environment
@@ -131,7 +131,8 @@ class RunHistory:
         }
         self._write([*earlier, self._current])
         try:  # room to record how the attempt ends, should the disk fill while it runs
-            self.reserve.write_bytes(os.urandom(RESERVE_BYTES))  # random: no file system packs it
+            with open_in_place(self.reserve, "wb") as handle:
+                handle.write(os.urandom(RESERVE_BYTES))  # random: no file system packs it
         except OSError:
             self.reserve.unlink(missing_ok=True)  # nearly full already: the next write says so
 

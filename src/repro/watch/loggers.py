@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.files import atomic_path, complete_lines, write_text_atomic, writing
+from repro.files import atomic_path, complete_lines, open_in_place, write_text_atomic, writing
 from repro.guards import received
 
 # Columns the log line shows in its own format; any other (an objective's term, the weight
@@ -70,7 +70,7 @@ class MetricsLog:
             columns, rows = self._read()
             self.columns = [*columns, *added]
             self._rewrite(self.columns, rows)
-        with writing(self.path), self.path.open("a", newline="") as handle:
+        with writing(self.path), open_in_place(self.path, "a", newline="") as handle:
             writer = csv.DictWriter(handle, self.columns)
             if new:
                 writer.writeheader()

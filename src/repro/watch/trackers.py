@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from repro.config import flatten
 from repro.errors import ConfigError, UserError, one_line
-from repro.files import write_text_atomic
+from repro.files import open_in_place, write_text_atomic
 from repro.guards import received
 from repro.watch.loggers import STEP_LOSS
 
@@ -174,7 +174,7 @@ class MlflowTracker:
         start, under a lock in the sweep folder (the joblib launcher starts its jobs together,
         and a file store lets two processes make two experiments of one name); the run's id
         kept there for the others."""
-        with (folder / ".mlflow_parent.lock").open("a") as lock:
+        with open_in_place(folder / ".mlflow_parent.lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             experiment_id = self._experiment(experiment_name)
             parent = _kept_id(folder, self.PARENT_FILE)
