@@ -542,3 +542,18 @@ def test_a_relaunch_is_composed_here_first_and_a_misfit_is_its_first_line():
     launcher = fits._replace(hydra=["hydra/launcher=no_such_launcher"])
     with pytest.raises(DataError, match="no_such_launcher"):
         recorded_overrides.check_composes(launcher, [], Path("rec"))
+
+
+def test_a_stored_config_keeps_no_server_cache_or_download_of_its_own():
+    stored = {
+        "data": {
+            "_target_": "repro.shards.dataset.shards",
+            "root": "s3://bucket/data",
+            "endpoint_url": "http://their.host:9000",
+            "cache_dir": "/home/user/.ssh",
+            "download": True,
+        }
+    }
+    data = trust.as_data(stored, "ckpt")["data"]
+    assert (data["endpoint_url"], data["cache_dir"], data["download"]) == (None, None, False)
+    assert stored["data"]["endpoint_url"] == "http://their.host:9000"  # the record is untouched
