@@ -10,6 +10,9 @@ ours, peer, ...), each run a fresh process; the first run of each side is its wa
 caches, autotuning), reported apart and left out of the means. airbench94 is timed with CUDA
 events around `train94` (the whitening fit and training, no evaluation) and tested with its
 own test-time augmentation; ours reports `train_s` and `test_acc` from summary.json.
+`+suite.ours='["trainer.tta=flip"]'` adds overrides to our side of (a) alone: the recipe's
+airbench94 ablations (components.whiten_bias.epochs=null ...), keys the suite's own config
+does not have.
 (b) timm's `train.py` (a script of timm's repository, `suite.timm_train`) against
 `experiment=cifar10_resnet18 preset=fast dataloader=device`: images per second over the
 steady window (timm's logged rates after its first epoch; ours from metrics.csv after the
@@ -120,7 +123,7 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     root = Path(str(cfg.data.root)).expanduser()
     counts = export_for_airbench(root, run_dir / "peer_data" / "cifar10")
     rows = _airbench_part(suite, run_dir, cuda) + _timm_part(suite, root, run_dir, cuda)
-    summary = _summary(rows) | {"images": counts, "cpu_mode": not cuda}
+    summary = _summary(rows) | {"images": counts, "cpu_mode": not cuda, "ours": _ours_extra(suite)}
     notes = [
         "each run a fresh process; the first of each side is its warm-up, out of the means",
         "airbench94: CUDA events around train94 (whitening fit and training); ours: train_s",
@@ -128,8 +131,17 @@ def run(cfg: DictConfig, run_dir: Path) -> Result:
     return Result("peers", COLUMNS, rows, summary, notes)
 
 
+def _ours_extra(suite: DictConfig) -> list[str]:
+    """`suite.ours`: overrides for our side of the airbench part only (an ablation)."""
+    extra = suite.get("ours") or []
+    if isinstance(extra, str) or not all(isinstance(item, str) for item in extra):
+        raise ConfigError("suite.ours", extra, "a list of overrides: '[\"trainer.tta=flip\"]'")
+    return list(extra)
+
+
 def _airbench_part(suite: DictConfig, run_dir: Path, cuda: bool) -> list[dict[str, Any]]:
     peer_ready = cuda and _importable("airbench", suite)
+    extra = _ours_extra(suite)
     rows = []
     for index, seed in enumerate(range(int(suite.seeds) + 1)):  # seed 0: the warm-ups
         order = ("airbench94", "ours") if index % 2 == 0 else ("ours", "airbench94")
@@ -137,7 +149,8 @@ def _airbench_part(suite: DictConfig, run_dir: Path, cuda: bool) -> list[dict[st
             row = {"part": "airbench", "side": side, "seed": seed,
                    "note": "warm-up" if seed == 0 else ""}  # fmt: skip
             if side == "ours":
-                row |= _ours("cifar10_airbench", seed, run_dir / "ours" / f"seed-{seed}", cuda)
+                folder = run_dir / "ours" / f"seed-{seed}"
+                row |= _ours("cifar10_airbench", seed, folder, cuda, extra)
             elif peer_ready:
                 row |= _airbench(seed, run_dir / "peer_data", suite)
             else:

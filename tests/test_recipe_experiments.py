@@ -39,7 +39,7 @@ def test_the_speedrun_recipe_builds_its_model_and_fused_optimizer_and_runs(tmp_p
 def test_the_airbench_recipe_runs_end_to_end(tmp_path):
     cfg = compose_config("experiment=cifar10_airbench")
     assert (cfg.model._target_.endswith("WhitenedCNN"), cfg.augment.flip, cfg.trainer.tta) == (
-        True, "alternate", "flip",
+        True, "alternate", "flip_translate",
     )  # fmt: skip
     lookahead = cfg.components.lookahead
     assert (lookahead._target_, lookahead.every, lookahead.ramp) == (
@@ -48,7 +48,7 @@ def test_the_airbench_recipe_runs_end_to_end(tmp_path):
     groups = build.optimizer(cfg, build.model(cfg, 0), Precision("bf16", torch.device("cpu")))
     assert [group["lr"] for group in groups.param_groups] == [1.5, 1.5 * 64]
     # Its whole pipeline on a little synthetic data: the fit, the device loader, the fused
-    # optimizer, alternating flips, lookahead, test-time flips.
+    # optimizer, alternating flips, lookahead, the frozen whitening bias, test-time views.
     summary = train_in_process(
         tmp_path, "experiment=cifar10_airbench", "data=synthetic", "data.train_size=256",
         "data.val_size=64", "data.test_size=64", "trainer.batch_size=64", "trainer.epochs=2",

@@ -11,13 +11,19 @@ The whitening filters come from the data: the template calls `fit_to_data` with
 `fit_images` training images drawn by the run's seed (normalised, not augmented) after
 building the model. They are
 part of the state dict, so a resumed or evaluated checkpoint does not fit them again.
+
+`WhitenBiasFreeze`, a component of the loop, stops training the whitening layer's bias after
+its first epochs, as airbench94 does after 3.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from repro.errors import ConfigError
 from repro.recipes.layers import GlobalMaxPool, Scale
 
 
@@ -98,3 +104,49 @@ class WhitenedCNN(nn.Sequential):
     def fit_to_data(self, images: torch.Tensor) -> None:
         """Whiten the patches of `images`: normalised training images, not augmented."""
         self[0].fit(images)
+
+
+class WhitenBiasFreeze:
+    """A component of the loop (`components.whiten_bias`): the whitening layers' bias trains
+    for the first `epochs` epochs, then is frozen (null: trained throughout).
+
+    Frozen means `requires_grad` off, as airbench94 does: the bias then gets no gradient, so
+    the optimizer skips it, momentum and weight decay included, and the backward pass stops
+    before the whitening layer, which then needs no gradient at all (airbench's reason: faster
+    steps, no loss of accuracy). Lookahead still pulls it towards its slow copy,
+    as airbench's does. The position alone decides, so a resume freezes it again and the
+    component keeps no state of its own."""
+
+    def __init__(self, model: nn.Module, total_steps: int, epochs: int | None = 3) -> None:
+        counted = isinstance(epochs, int) and not isinstance(epochs, bool) and epochs >= 0
+        if epochs is not None and not counted:
+            raise ValueError(f"epochs={epochs!r}: allowed: an integer >= 0, or null (never)")
+        self.biases = [m.bias for m in model.modules() if isinstance(m, PatchWhitening)]
+        if not self.biases:
+            raise ValueError("the model has no PatchWhitening layer (model=whitened_cnn)")
+        self.epochs = epochs
+
+    def at_start(self, loop: Any) -> None:
+        """As a component of the loop: a resumed run past the epochs freezes the bias again."""
+        if self.epochs is not None and loop.dist.world > 1:
+            # DDP expects a gradient for every parameter that required one when it wrapped
+            # the model: one that stops getting it mid-run stops the run at the next step.
+            allowed = "null under torchrun (DDP cannot drop a parameter mid-run)"
+            raise ConfigError("components.whiten_bias.epochs", self.epochs, allowed)
+        self.apply(loop.state.position.epoch)
+
+    def after_step(self, loop: Any) -> None:
+        self.apply(loop.state.position.epoch)
+
+    def apply(self, epoch: int) -> None:
+        """Train the bias in epoch `epoch` (0 is the first) only if it is one of the first."""
+        trains = self.epochs is None or epoch < self.epochs
+        for bias in self.biases:
+            if bias.requires_grad != trains:
+                bias.requires_grad_(trains)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore: `at_start` freezes by the resumed position."""

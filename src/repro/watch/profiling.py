@@ -6,8 +6,11 @@ included: the window opens before step `first` fetches its batch and closes befo
 after a step in the window is in it, marked as such by the loop (`record_function`). The run
 folder's `profile/` gets, named by the steps they cover, `steps-F-L.json`, a Chrome trace
 with a span per step (open it in https://ui.perfetto.dev or chrome://tracing), and
-`steps-F-L.txt`, torch's table of the ops that took the most time. Under torchrun each rank
-writes its own (`steps-F-L-rank1.json` ...).
+`steps-F-L.txt`, torch's table of the ops that took the most time (on CUDA, on the GPU), and
+`steps-F-L-host.txt`, the host's side: the loop's own spans (each step, the loader's hand-off,
+the optimizer, evaluations, checkpoints) and the ops that took the most host time: what the
+host does while a GPU waits for the next batch. Under torchrun each rank writes its own
+(`steps-F-L-rank1.json` ...).
 
 Profiling only watches: the weights are the same with it as without, and a failure to write
 the profile is a warning, not the run's end. A run that stops with an error inside the window
@@ -33,6 +36,10 @@ from repro.watch.progress import TrainingBar
 log = logging.getLogger(__name__)
 
 TABLE_ROWS = 40
+HOST_ROWS = 15
+# The spans the host table lists first: the loop's steps and marks, the DataLoader's hand-off
+# of a batch and the optimizer's calls (torch records these two itself).
+LOOP_SPANS = ("step ", "evaluate", "checkpoint", "enumerate(DataLoader)", "Optimizer.")
 
 
 class StepProfiler:
@@ -112,20 +119,22 @@ class StepProfiler:
         profiler = self._stop()
         name = f"steps-{first}-{self.position.step}{self.suffix}"
         trace, table = self.folder / f"{name}.json", self.folder / f"{name}.txt"
-        if trace.exists() or table.exists():
+        host = self.folder / f"{name}-host.txt"
+        if trace.exists() or table.exists() or host.exists():
             log.info("steps %s were profiled by an earlier attempt of this run: kept", name)
             return
         sort_by = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            text = profiler.key_averages().table(sort_by=sort_by, row_limit=TABLE_ROWS)
-            write_text_atomic(table, text + "\n")
+            averages = profiler.key_averages()
+            write_text_atomic(table, averages.table(sort_by=sort_by, row_limit=TABLE_ROWS) + "\n")
+            write_text_atomic(host, host_table(averages))
             with atomic_path(trace) as tmp:
                 profiler.export_chrome_trace(str(tmp))
         except OSError as error:  # a full disk: the run itself went well
             log.warning("the profile of steps %s could not be written: %s", name, error)
             return
-        log.info("profiled steps %d-%d: %s, %s", first, self.position.step, trace, table)
+        log.info("profiled steps %d-%d: %s, %s, %s", first, self.position.step, trace, table, host)
 
     def __enter__(self) -> StepProfiler:
         return self
@@ -142,6 +151,34 @@ class StepProfiler:
         # second error while stopping (the GPU's, once more) is not raised over it.
         with contextlib.suppress(Exception):
             self._stop()
+
+
+def host_table(averages: Any) -> str:
+    """The host's side of a profile (torch's `key_averages()`): the loop's spans with their
+    own time outside any op torch records, then the HOST_ROWS ops with the most self CPU
+    time."""
+    spans = sorted(
+        (event for event in averages if str(event.key).startswith(LOOP_SPANS)),
+        key=_span_order,
+    )
+    lines = [
+        "The loop's spans (ms of host time; own: outside any op torch records, the loop's",
+        "Python: the progress line, callbacks, the batch's hand-off, waits)",
+        f"{'span':<60} {'calls':>6} {'total':>10} {'own':>10}",
+    ]
+    for event in spans:
+        total, own = event.cpu_time_total / 1e3, event.self_cpu_time_total / 1e3
+        lines.append(f"{str(event.key)[:60]:<60} {event.count:>6} {total:>10.3f} {own:>10.3f}")
+    lines += ["", f"The {HOST_ROWS} ops with the most self CPU time"]
+    lines.append(averages.table(sort_by="self_cpu_time_total", row_limit=HOST_ROWS))
+    return "\n".join(lines) + "\n"
+
+
+def _span_order(event: Any) -> tuple[int, int, str]:
+    """Steps first, by number, then the other spans by name."""
+    name = str(event.key)
+    number = name.removeprefix("step ")
+    return (0, int(number), "") if number.isdigit() else (1, 0, name)
 
 
 class SyncDebug:
