@@ -57,10 +57,14 @@ def test_an_unreadable_image_in_a_worker_is_one_clean_line(tmp_path):
     root = make_image_tree(tmp_path / "images", 2)
     (root / "train" / "bar" / "broken.png").write_bytes(b"this is not a png")
     done = run_cli(
-        "repro.train", *IMAGEFOLDER, f"data.root={root}", "dataloader=default",
-        "trainer.batch_size=2", "trainer.test_weights=last",  # 6 validation images
+        "repro.train",
+        *IMAGEFOLDER,
+        f"data.root={root}",
+        "dataloader=default",
+        "trainer.batch_size=2",
+        "trainer.test_weights=last",  # 6 validation images
         f"hydra.run.dir={tmp_path / 'run'}",
-    )  # fmt: skip
+    )
     assert done.returncode == 2
     assert "broken.png: not a readable image" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
@@ -120,8 +124,36 @@ def test_cifar10_jpeg_subset_trains_above_chance(tmp_path):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(archive.read(name))
     summary = train_in_process(
-        tmp_path / "run", "data=imagefolder", f"data.root={root}", "data.resize=32",
-        "data.crop_padding=4", "data.val_size=500", "trainer.epochs=4", "trainer.batch_size=100",
-        "dataloader.num_workers=2", "logger.plot=false",
-    )  # fmt: skip
+        tmp_path / "run",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.resize=32",
+        "data.crop_padding=4",
+        "data.val_size=500",
+        "trainer.epochs=4",
+        "trainer.batch_size=100",
+        "dataloader.num_workers=2",
+        "logger.plot=false",
+    )
     assert summary["val_acc"] > 0.2  # chance is 0.1
+
+
+def test_every_image_trains_from_memory_on_the_device_loader_with_no_validation_split(tmp_path):
+    import shutil
+
+    from conftest import IMAGEFOLDER, make_image_tree, train_in_process
+
+    root = make_image_tree(tmp_path / "images")
+    shutil.rmtree(root / "val")  # data.val_size images of train/ would be held out: none here
+    overrides = [o for o in IMAGEFOLDER if not o.startswith("dataloader=")]
+    summary = train_in_process(
+        tmp_path / "run",
+        *overrides,
+        f"data.root={root}",
+        "data.cache=memory",
+        "dataloader=device",
+        "data.val_size=0",
+        "trainer.test_weights=last",
+        "trainer.max_steps=2",
+    )
+    assert summary["step"] == 2 and summary["data"]["splits"]["train"]["images"] == 36

@@ -188,6 +188,10 @@ def decode_splits(splits: Splits, data_cfg: Any, progress: str = "auto") -> Spli
         return splits
     sources = {name: getattr(splits, name) for name in ("train", "val", "test")}
     chosen = {name: decoded.get(id(source), source) for name, source in sources.items()}
+    images, labels = next(iter(decoded.values())).tensors()
+    for name, source in chosen.items():  # in memory too, so the device loader takes the split
+        if in_memory(source) is None and not len(source):
+            chosen[name] = TensorImages(images[:0], labels[:0])
     return replace(splits, **chosen, resized=True)
 
 
