@@ -87,7 +87,8 @@ def reads(tree: ast.AST) -> list[tuple[int, str]]:
                     found.append((node.lineno, "tarfile.open()"))
             elif owner == "os" and name == "open":
                 flags = ast.unparse(node.args[1]) if len(node.args) > 1 else ""
-                if "O_CREAT" not in flags and "O_DIRECTORY" not in flags:
+                # Reading is O_RDONLY (a folder's descriptor, to fsync it, reads no file).
+                if not flags or ("O_RDONLY" in flags and "O_DIRECTORY" not in flags):
                     found.append((node.lineno, "os.open()"))
             elif (
                 name == "open"
@@ -137,6 +138,7 @@ def test_the_lint_sees_each_way_of_reading():
     assert [line for line, _ in reads(ast.parse(code))] == list(range(1, 17))
     writes = "open(p, 'w')\np.open('ab')\ntarfile.open(p, 'w')\nos.open(p, os.O_RDWR | os.O_CREAT)"
     writes += "\nos.open(d, os.O_RDONLY | os.O_DIRECTORY)\nreceived.read_text(p)"
+    writes += "\nos.open(p, flags, 0o644)"
     writes += "\nImage.open(io.BytesIO(data))\ntarfile.open(fileobj=handle, mode='r:')"
     assert reads(ast.parse(writes)) == []
 

@@ -15,14 +15,20 @@ from repro.shards.store import open_store
 
 def verify(url: str, endpoint_url: str | None, cache_dir: str | None) -> int:
     """Check every shard whole; the count of shards checked."""
-    from repro.shards.format import file_sha256
+    from repro.shards.format import check_members, sha256_of
+    from repro.shards.store import open_shard
 
     store = open_store(url, cache_dir, 1e6, endpoint_url)  # verifying keeps what it fetched
     manifest = parse_manifest(store.manifest(), f"{url}/manifest.json")
     checked = 0
     for shards in manifest.splits.values():
         for shard in shards:
-            if file_sha256(store.path(shard)) != shard.sha256:
+            with open_shard(store, shard) as handle:
+                digest = sha256_of(handle)
+                if digest == shard.sha256:  # whole: now its members, as a reader finds them
+                    handle.seek(0)
+                    check_members(handle, shard, f"{url}/{shard.name}")
+            if digest != shard.sha256:
                 raise UserError(f"shard {url}/{shard.name}: its SHA-256 is not the manifest's")
             checked += 1
     return checked

@@ -29,9 +29,10 @@ from PIL import Image, UnidentifiedImageError
 from repro.data.datasets import Splits, carve_validation, folder
 from repro.data.sources import torchvision_decoder
 from repro.errors import ConfigError, DataError
+from repro.guards import received
 from repro.runtime.seeding import torch_generator
 from repro.shards.format import Manifest, Shard, parse_manifest
-from repro.shards.store import Store, open_store
+from repro.shards.store import Store, open_shard, open_store
 
 # Magic bytes of the formats torchvision.io decodes (faster than PIL, same pixels); the rest
 # go through PIL.
@@ -93,7 +94,7 @@ class ShardImages:
         if shard in self._open:
             self._open.move_to_end(shard)
             return self._open[shard]
-        handle = self.store.path(self.shards[shard]).open("rb")
+        handle = open_shard(self.store, self.shards[shard])
         self._open[shard] = handle
         while len(self._open) > 2 * self.window:
             self._open.popitem(last=False)[1].close()
@@ -133,11 +134,14 @@ def decode_bytes(data: bytes, named: str) -> torch.Tensor:
         if data.startswith(NPY_MAGIC):
             start, shape = npy_layout(data[: 10 + int.from_bytes(data[8:10], "little")])
             return torch.frombuffer(bytearray(data[start:]), dtype=torch.uint8).view(shape)
+        received.check_pixels(data, named)
         if data.startswith(TORCHVISION_MAGIC) and (decode := torchvision_decoder()):
             return decode(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         with Image.open(io.BytesIO(data)) as image:
             pixels = np.asarray(image.convert("RGB"))
         return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
+    except received.ReceivedFileError as error:
+        raise DataError(str(error)) from None
     except (UnidentifiedImageError, OSError, RuntimeError, ValueError) as error:
         raise DataError(f"{named}: not a readable image ({error.__class__.__name__})") from None
 

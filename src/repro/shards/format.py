@@ -16,21 +16,27 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
 
 import numpy as np
 
 from repro.errors import DataError
+from repro.guards import received
 
 FORMAT = "repro-shards/1"
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val", "test")
 BLOCK = 512  # tar's record unit: a header, and the padding of every member's data
+# A shard's name in the manifest is a file name of the manifest's own folder, nothing more.
+SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\.tar")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+LARGEST = 2**62  # no offset, size or CRC of a sample comes near it; int64 arithmetic stays exact
 
 
 @dataclass(frozen=True)
@@ -70,16 +76,49 @@ def write_shard(path: Path, samples: Iterable[tuple[str, str, bytes, int]]) -> d
                 text = str(label).encode()
                 tar.addfile(_tar_info(f"{key}.cls", len(text)), io.BytesIO(text))
         handle.flush()
-    return {"name": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path),
-            "index": rows}  # fmt: skip
+    with received.opened(path, "shard", path.parent) as handle:
+        size, digest = path.stat().st_size, sha256_of(handle)
+    return {"name": path.name, "bytes": size, "sha256": digest, "index": rows}
 
 
-def file_sha256(path: Path) -> str:
+def sha256_of(handle: IO[bytes]) -> str:
+    """The SHA-256 of what is left to read in `handle`."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
+    while block := handle.read(1 << 20):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def check_members(handle: IO[bytes], shard: Shard, named: str) -> None:
+    """Refuse a shard whose tar holds more than plain files with plain names (a link, a
+    device, a name with `..` or a leading `/`, data past the file's end), or whose manifest
+    rows are not its members' data: a tar reader that extracts it would write where the
+    shard's maker chose."""
+    members: dict[int, int] = {}  # data offset -> size
+    try:
+        with tarfile.open(fileobj=handle, mode="r:") as tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()  # one header at a time: a shard may hold millions
+                _check_member(member, shard, named)
+                members[member.offset_data] = member.size
+    except (tarfile.TarError, EOFError) as error:
+        raise DataError(f"shard {named}: not a tar file ({error})") from None
+    for offset, size, _, _ in shard.index.tolist():
+        if members.get(offset) != size:
+            raise DataError(
+                f"shard {named}: the manifest's sample at byte {offset} is not a member's data"
+            )
+
+
+def _check_member(member: tarfile.TarInfo, shard: Shard, named: str) -> None:
+    name = PurePosixPath(member.name)
+    if not member.isreg():
+        why = "a link" if member.issym() or member.islnk() else "not a plain file"
+        raise DataError(f"shard {named}: member {member.name!r} is {why}: refused")
+    if name.is_absolute() or ".." in name.parts or "\\" in member.name:
+        raise DataError(f"shard {named}: member name {member.name!r}: refused")
+    if member.offset_data + member.size > shard.size:
+        raise DataError(f"shard {named}: member {member.name!r} runs past the file's end")
 
 
 def manifest_text(classes: list[str], splits: dict[str, list[dict]], seed: int) -> str:
@@ -96,29 +135,65 @@ def manifest_text(classes: list[str], splits: dict[str, list[dict]], seed: int) 
 def parse_manifest(data: bytes, where: str) -> Manifest:
     """The manifest in `data`; one DataError naming `where` if it is not one."""
     try:
-        raw = json.loads(data)
+        raw = received.parse_json(data, where)
+    except received.ReceivedFileError as error:  # not JSON, or nested past the cap
+        raise DataError(str(error)) from None
+    try:
+        _expect(isinstance(raw, dict), "not a JSON object")
         if raw.get("format") != FORMAT:
             raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT!r}")
-        classes = [str(name) for name in raw["classes"]]
-        splits = {
-            split: [_shard(entry, len(classes)) for entry in raw["splits"][split]]
-            for split in SPLITS
-            if split in raw["splits"]
-        }
+        classes, found = raw.get("classes"), raw.get("splits")
+        _expect(
+            isinstance(classes, list) and all(isinstance(c, str) for c in classes),
+            "classes: not a list of names",
+        )
+        _expect(isinstance(found, dict), "splits: not an object")
+        splits = {}
+        for split in SPLITS:
+            if split in found:
+                _expect(isinstance(found[split], list), f"splits.{split}: not a list")
+                splits[split] = [_shard(entry, len(classes)) for entry in found[split]]
         if not splits.get("train"):
             raise ValueError("no train split")
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        names = [shard.name for shards in splits.values() for shard in shards]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        _expect(not twice, f"shard {twice[0] if twice else ''!r} listed twice")
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as error:
         raise DataError(f"{where}: not a shard manifest ({error})") from None
     return Manifest(classes, splits, hashlib.sha256(data).hexdigest())
 
 
-def _shard(entry: dict[str, Any], classes: int) -> Shard:
-    index = np.asarray(entry["index"], dtype=np.int64).reshape(-1, 4)
-    name = str(entry["name"])
-    if "/" in name or name.startswith(".") or not name.endswith(".tar"):
-        raise ValueError(f"shard name {name!r}")  # a manifest must not point outside its folder
-    if len(index) and not (index[:, 2].min() >= 0 and index[:, 2].max() < classes):
+def _expect(holds: bool, why: str) -> None:
+    if not holds:
+        raise ValueError(why)
+
+
+def _shard(entry: Any, classes: int) -> Shard:
+    _expect(isinstance(entry, dict), "a shard entry that is not an object")
+    name, size, sha256 = entry.get("name"), entry.get("bytes"), entry.get("sha256")
+    # A manifest must not point outside its folder, nor at a hidden file of ours (a lock).
+    _expect(
+        isinstance(name, str) and bool(SHARD_NAME.fullmatch(name)) and ".." not in name,
+        f"shard name {name!r}",
+    )
+    _expect(type(size) is int and 0 <= size <= LARGEST, f"{name}: bytes {size!r}")
+    _expect(isinstance(sha256, str) and bool(SHA256.fullmatch(sha256)), f"{name}: sha256")
+    rows = np.asarray(entry.get("index"))
+    if rows.size == 0:
+        rows = np.zeros((0, 4), dtype=np.int64)
+    _expect(
+        rows.dtype.kind in "iu" and rows.ndim == 2 and rows.shape[1] == 4,
+        f"{name}: index is not rows of 4 whole numbers",
+    )
+    _expect(
+        not len(rows) or (rows.min() >= 0 and rows.max() <= LARGEST),
+        f"{name}: a negative or huge number in the index",
+    )
+    index = rows.astype(np.int64)
+    if len(index) and not index[:, 2].max() < classes:
         raise ValueError(f"{name}: a label outside the {classes} classes")
-    if len(index) and (index[:, 0] + index[:, 1]).max() > int(entry["bytes"]):
+    if len(index) and (index[:, 0] + index[:, 1]).max() > size:
         raise ValueError(f"{name}: a sample past the shard's end")
-    return Shard(name, int(entry["bytes"]), str(entry["sha256"]), index)
+    if len(index) and index[:, 3].max() >= 2**32:
+        raise ValueError(f"{name}: a CRC-32 past 32 bits")
+    return Shard(name, size, sha256, index)

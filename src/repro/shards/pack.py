@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pickle
 import shutil
 from collections.abc import Iterable, Iterator
@@ -28,6 +29,7 @@ import numpy as np
 from repro.data.sources import IMAGE_SUFFIXES
 from repro.errors import DataError
 from repro.files import write_text_atomic, writing
+from repro.guards import received
 from repro.shards.dataset import decode_bytes
 from repro.shards.format import MANIFEST, SPLITS, manifest_text, write_shard
 
@@ -48,7 +50,22 @@ def parse_size(text: str) -> int:
     raise DataError(f"--shard-size {text}: not a size (256MB, 64KiB, 1GB or bytes)")
 
 
+def refuse_links(root: Path) -> None:
+    """Refuse, in one line, a source folder holding a symbolic link anywhere under it: a
+    link would pack its target, a file from outside the folder (a key, a password file),
+    into shards that others download. Nothing is followed to find them."""
+    for folder, dirs, files in os.walk(root):  # links to folders are listed, not entered
+        for name in sorted(dirs + files):
+            path = Path(folder) / name
+            if path.is_symlink():
+                raise DataError(
+                    f"{path}: a symbolic link in the folder to pack (to {path.readlink()}): "
+                    "refused, its target would go into the shards; put a copy in its place"
+                )
+
+
 def image_folder(root: Path) -> tuple[list[str], dict[str, list[Item]]]:
+    refuse_links(root)
     classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
     if len(classes) < 2:
         raise DataError(f"{root}/train: {len(classes)} class folders; need 2+")
@@ -82,11 +99,13 @@ def load_cifar_batch(path: Path) -> Any:
                 raise DataError(f"{path}: holds {module}.{name}, not CIFAR-10's arrays; refused")
             return super().find_class(module, name)
 
-    with path.open("rb") as handle:
-        try:
+    try:
+        with received.opened(path, "shard", path.parent) as handle:
             return ArraysOnly(handle, encoding="bytes").load()
-        except (pickle.UnpicklingError, EOFError, ValueError) as error:
-            raise DataError(f"{path}: not a CIFAR-10 batch ({error})") from None
+    except received.ReceivedFileError as error:
+        raise DataError(str(error)) from None
+    except (pickle.UnpicklingError, EOFError, ValueError) as error:
+        raise DataError(f"{path}: not a CIFAR-10 batch ({error})") from None
 
 
 @contextlib.contextmanager
@@ -181,14 +200,25 @@ def pack(
 def as_pixels(item: Item) -> Item:
     """The item's image decoded as the readers decode it, stored as a .npy of uint8 (3, H, W)."""
     _, where, label = item
-    data = where.read_bytes() if isinstance(where, Path) else where
+    data = _read(where)
     image = decode_bytes(data, str(where) if isinstance(where, Path) else "an image")
     encoded = io.BytesIO()
     np.save(encoded, image.numpy(), allow_pickle=False)
     return "npy", encoded.getvalue(), label
 
 
+def _read(where: Path | bytes) -> bytes:
+    """An item's bytes: a file of the source, read through the boundary (a regular file, no
+    link out of its class folder), or bytes already made (CIFAR-10's PNGs)."""
+    if not isinstance(where, Path):
+        return where
+    try:
+        return received.read_bytes(where, "image", where.parent)
+    except received.ReceivedFileError as error:
+        raise DataError(str(error)) from None
+
+
 def _samples(split: str, number: int, items: list[Item]) -> Iterator[tuple[str, str, bytes, int]]:
     for position, (ext, where, label) in enumerate(items):
-        data = where.read_bytes() if isinstance(where, Path) else where
+        data = _read(where)
         yield f"{split}-{number:06d}-{position:06d}", ext, data, label

@@ -15,10 +15,15 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from repro.errors import DataError
+from repro.guards import received
 from repro.shards.format import MANIFEST, Shard
 
 CHUNK = 8 << 20
@@ -26,10 +31,21 @@ CHUNK = 8 << 20
 
 class Store(Protocol):
     url: str
+    root: Path  # the local folder every file read lies in: the shards', or the cache
 
     def manifest(self) -> bytes: ...
 
     def path(self, shard: Shard) -> Path: ...  # a local file holding the shard's bytes
+
+
+def open_shard(store: Store, shard: Shard) -> BinaryIO:
+    """The shard's local file, open through the boundary (guards/received): a regular file
+    inside the store's folder, no link out; the caller closes it."""
+    path = store.path(shard)
+    try:
+        return received.open_file(path, "shard", store.root)
+    except received.ReceivedFileError as error:
+        raise DataError(f"shard {store.url}/{shard.name}: {error.why}") from None
 
 
 def open_store(
@@ -48,11 +64,11 @@ class LocalStore:
 
     def manifest(self) -> bytes:
         try:
-            return (self.root / MANIFEST).read_bytes()
-        except OSError as error:
+            return received.read_bytes(self.root / MANIFEST, "manifest", self.root)
+        except received.ReceivedFileError as error:
             expected = f"a folder of shards with {MANIFEST} (python -m repro.shards pack)"
             raise DataError(
-                f"data.root={self.url}: {error.strerror}; expected {expected}"
+                f"data.root={self.url}: {MANIFEST}: {error.why}; expected {expected}"
             ) from None
 
     def path(self, shard: Shard) -> Path:
@@ -86,7 +102,7 @@ class S3Store:
         self.prefix = self.prefix.strip("/")
         digest = hashlib.sha256(f"{endpoint_url}|{self.url}".encode()).hexdigest()[:16]
         base = Path(cache_dir).expanduser() if cache_dir else default_cache()
-        self.cache = base / digest
+        self.cache = self.root = base / digest
         self.limit = int(cache_gib * (1 << 30))
         self._client: tuple[int, Any] | None = None
 
@@ -129,22 +145,23 @@ class S3Store:
         path = self.cache / shard.name
         if not _fresh(path, shard):
             self.cache.mkdir(parents=True, exist_ok=True)
-            with (self.cache / f".{shard.name}.lock").open("w") as lock:
+            with _lock_file(self.cache / f".{shard.name}.lock") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one download per shard, whoever asks
                 if not _fresh(path, shard):
                     self._download(shard, path)
                     self._evict(keep=path)
-        os.utime(path)  # the eviction order: least recently used first
+        os.utime(path, follow_symlinks=False)  # the eviction order: least recently used first
         return path
 
     def _download(self, shard: Shard, path: Path) -> None:
         from botocore.exceptions import BotoCoreError
 
-        tmp = path.with_name(f".{shard.name}.{os.getpid()}.part")
+        tmp = path.with_name(f".{shard.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
         digest = hashlib.sha256()
         try:
             body = self._get(shard.name)
-            with tmp.open("wb") as handle:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(tmp, flags, 0o644), "wb") as handle:
                 while block := body.read(CHUNK):
                     digest.update(block)
                     handle.write(block)
@@ -179,11 +196,29 @@ class S3Store:
                 total -= size
 
 
+@contextmanager
+def _lock_file(path: Path) -> Iterator[int]:
+    """The cache's lock for one shard, made or opened without following a link and never
+    truncated: a lock planted in a cache folder from someone else cannot reach a file of
+    yours. A link, a special file or a file with a second hard link there is refused."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise DataError(f"shard cache {path}: {error.strerror}: refused (a link?)") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+            raise DataError(f"shard cache {path}: not a lock file of its own: refused")
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _fresh(path: Path, shard: Shard) -> bool:
     """A cached shard is whole if it has the manifest's size: it was renamed into place only
     after its SHA-256 matched."""
     try:
-        return path.stat().st_size == shard.size
+        return path.stat(follow_symlinks=False).st_size == shard.size
     except OSError:
         return False
 
