@@ -30,19 +30,22 @@ def packed(tmp_path_factory) -> Path:
     return base / "shards"
 
 
-@pytest.mark.parametrize("linked", ["file", "folder"])
+@pytest.mark.parametrize("linked", ["file", "folder", "hard link"])
 def test_pack_refuses_a_source_holding_a_link_and_writes_nothing(tmp_path, linked):
     source = make_image_tree(tmp_path / "images")
     key = tmp_path / "id_ed25519"
     key.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    image = next((source / "train" / "bar").iterdir())
     if linked == "file":
-        image = next((source / "train" / "bar").iterdir())
         image.unlink()
         image.symlink_to(key)
+    elif linked == "hard link":
+        image.unlink()
+        os.link(key, image)
     else:
         shutil.move(source / "train" / "bar", tmp_path / "bar")
         (source / "train" / "bar").symlink_to(tmp_path / "bar")
-    with pytest.raises(DataError, match="a symbolic link in the folder to pack"):
+    with pytest.raises(DataError, match=r"link (in|outside) the folder to pack"):
         pack(source, tmp_path / "shards", SHARD_BYTES)
     assert not (tmp_path / "shards").exists() and not list(tmp_path.glob(".shards*"))
 

@@ -51,9 +51,12 @@ def parse_size(text: str) -> int:
 
 
 def refuse_links(root: Path) -> None:
-    """Refuse, in one line, a source folder holding a symbolic link anywhere under it: a
-    link would pack its target, a file from outside the folder (a key, a password file),
-    into shards that others download. Nothing is followed to find them."""
+    """Refuse, in one line, a source folder holding a symbolic link anywhere under it, or a
+    file with a hard link outside it: either would pack a file from outside the folder (a
+    key, a password file) into shards that others download. Nothing is followed to find
+    them; hard links among the folder's own files (a deduplicated dataset) are fine."""
+    names: dict[tuple[int, int], list[Path]] = {}
+    links: dict[tuple[int, int], int] = {}
     for folder, dirs, files in os.walk(root):  # links to folders are listed, not entered
         for name in sorted(dirs + files):
             path = Path(folder) / name
@@ -62,6 +65,16 @@ def refuse_links(root: Path) -> None:
                     f"{path}: a symbolic link in the folder to pack (to {path.readlink()}): "
                     "refused, its target would go into the shards; put a copy in its place"
                 )
+            info = path.stat(follow_symlinks=False)
+            if name in files and info.st_nlink > 1:
+                names.setdefault((info.st_dev, info.st_ino), []).append(path)
+                links[(info.st_dev, info.st_ino)] = info.st_nlink
+    for file, found in names.items():
+        if len(found) < links[file]:
+            raise DataError(
+                f"{found[0]}: has a hard link outside the folder to pack: refused, it is another "
+                "file's contents; put a copy of its own in its place"
+            )
 
 
 def image_folder(root: Path) -> tuple[list[str], dict[str, list[Item]]]:
