@@ -62,11 +62,11 @@ def _refuse(path: Path | str, why: str) -> ReceivedFileError:
     return ReceivedFileError(path, why)
 
 
-@contextmanager
-def opened(path: Path | str, kind: str, root: Path | str | None = None) -> Iterator[IO[bytes]]:
-    """`path` open for reading as a file of `kind`, every check above made on the descriptor.
-    `root`: the folder the command named (a run folder, a dataset's root); the file and the
-    folders on the way to it must lie inside it. Without one, the file's own folder."""
+def open_file(path: Path | str, kind: str, root: Path | str | None = None) -> IO[bytes]:
+    """`path` open for reading as a file of `kind`, every check above made on the descriptor;
+    the caller closes it (`opened` does, for a block). `root`: the folder the command named (a
+    run folder, a dataset's root); the file and the folders on the way to it must lie inside
+    it. Without one, the file's own folder."""
     path = Path(path)
     limit = SIZE_LIMITS[kind]
     try:
@@ -110,12 +110,17 @@ def opened(path: Path | str, kind: str, root: Path | str | None = None) -> Itera
                 path, f"{info.st_size} bytes, more than a {kind} file may hold ({limit} bytes)"
             )
         os.set_blocking(fd, True)
-        handle = os.fdopen(fd, "rb")
+        return io.BufferedReader(_Capped(os.fdopen(fd, "rb"), limit, path, kind))
     except BaseException:
         os.close(fd)
         raise
-    with handle:
-        yield io.BufferedReader(_Capped(handle, limit, path, kind))
+
+
+@contextmanager
+def opened(path: Path | str, kind: str, root: Path | str | None = None) -> Iterator[IO[bytes]]:
+    """`open_file` for the length of a block."""
+    with open_file(path, kind, root) as handle:
+        yield handle
 
 
 def read_bytes(path: Path | str, kind: str, root: Path | str | None = None) -> bytes:
@@ -307,10 +312,10 @@ class _Loader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoa
 
 class _Capped(io.RawIOBase):
     """A received file's reads, stopped at its kind's limit: a file that grows while we read
-    it (or lied in fstat) cannot make us read more."""
+    it (or lied in fstat) cannot make us read past it."""
 
     def __init__(self, handle: IO[bytes], limit: int, path: Path, kind: str) -> None:
-        self.handle, self.left, self.path, self.kind = handle, limit, path, kind
+        self.handle, self.limit, self.path, self.kind = handle, limit, path, kind
 
     def readable(self) -> bool:
         return True
@@ -327,23 +332,15 @@ class _Capped(io.RawIOBase):
     def fileno(self) -> int:
         return self.handle.fileno()
 
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
     def readinto(self, buffer: Any) -> int:
-        got = self.handle.readinto(buffer)
-        if got:
-            self.left -= got
-            if self.left < 0:
-                raise _refuse(self.path, f"grew past what a {self.kind} file may hold")
-        return got or 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.handle.read(size)
-        self.left -= len(data)
-        if self.left < 0:
+        got = self.handle.readinto(buffer) or 0
+        if self.handle.tell() > self.limit:
             raise _refuse(self.path, f"grew past what a {self.kind} file may hold")
-        return data
-
-    def readall(self) -> bytes:
-        return self.read()
+        return got
 
 
 def _descriptor_path(fd: int, given: Path) -> Path:
