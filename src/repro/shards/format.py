@@ -16,9 +16,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import tarfile
 import zlib
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -76,8 +78,8 @@ def write_shard(path: Path, samples: Iterable[tuple[str, str, bytes, int]]) -> d
                 text = str(label).encode()
                 tar.addfile(_tar_info(f"{key}.cls", len(text)), io.BytesIO(text))
         handle.flush()
-    with received.opened(path, "shard", path.parent) as handle:
-        size, digest = path.stat().st_size, sha256_of(handle)
+    with received.opened(path, "shard", path.parent) as written:
+        size, digest = os.fstat(written.fileno()).st_size, sha256_of(written)
     return {"name": path.name, "bytes": size, "sha256": digest, "index": rows}
 
 
@@ -155,8 +157,8 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
                 splits[split] = [_shard(entry, len(classes)) for entry in found[split]]
         if not splits.get("train"):
             raise ValueError("no train split")
-        names = [shard.name for shards in splits.values() for shard in shards]
-        twice = sorted({name for name in names if names.count(name) > 1})
+        counts = Counter(shard.name for shards in splits.values() for shard in shards)
+        twice = sorted(name for name, count in counts.items() if count > 1)
         _expect(not twice, f"shard {twice[0] if twice else ''!r} listed twice")
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as error:
         raise DataError(f"{where}: not a shard manifest ({error})") from None
