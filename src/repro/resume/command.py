@@ -212,6 +212,7 @@ def resume_sweep(
     sweep_dir: Path, force: bool, trusted: bool = False, places: dict[str, str] | None = None
 ) -> int:
     folders.check_sweep(sweep_dir)  # before error.txt goes, the report or multirun.yaml
+    places = places or {}
     record = sweep_dir / SWEEP_RECORD
     first_record = received.read_text(record, root=sweep_dir)
     recorded = received.parse_yaml(first_record, record)["hydra"]
@@ -220,14 +221,14 @@ def resume_sweep(
     relaunch = recorded_overrides.checked_relaunch(
         recorded, recorded["overrides"]["task"], env, record, trusted
     )
-    relaunch = recorded_overrides.with_places(relaunch, places or {}, record, trusted)
+    relaunch = recorded_overrides.with_places(relaunch, places, record, trusted)
     jobs = sweep_jobs(sweep_dir, recorded, trusted)
     for job in jobs:  # the sweeper's params expanded too: each job is a command line
         recorded_overrides.check(job.overrides, record, trusted)
-        recorded_overrides.placed(job.overrides, places or {}, record, trusted)
-    first = recorded_overrides.placed(jobs[0].overrides, places or {}, record, True) if jobs else []
+        recorded_overrides.placed(job.overrides, places, record, trusted)
+    first = recorded_overrides.placed(jobs[0].overrides, places, record, True) if jobs else []
     composed = recorded_overrides.check_composes(relaunch, first, record)
-    recorded_overrides.check_network(composed, places or {}, record, trusted)
+    recorded_overrides.check_network(composed, places, record, trusted)
     todo = [job for job in jobs if job.state != COMPLETE]
     if not todo:
         render.write(report.build(sweep_dir))
@@ -253,6 +254,7 @@ def resume_run(
     run_dir: Path, force: bool, trusted: bool = False, places: dict[str, str] | None = None
 ) -> int:
     folders.check(run_dir)
+    places = places or {}
     recorded = _hydra_record(run_dir, run_dir)
     if recorded["mode"] == "MULTIRUN":
         raise DataError(
@@ -268,9 +270,9 @@ def resume_run(
     source = run_dir / (ATTEMPTS_FILE if attempts else ".hydra/hydra.yaml")
     env = _recorded_environment(run_dir)
     relaunch = recorded_overrides.checked_relaunch(recorded, task, env, source, trusted)
-    relaunch = recorded_overrides.with_places(relaunch, places or {}, source, trusted)
+    relaunch = recorded_overrides.with_places(relaunch, places, source, trusted)
     composed = recorded_overrides.check_composes(relaunch, relaunch.task, source)
-    recorded_overrides.check_network(composed, places or {}, source, trusted)
+    recorded_overrides.check_network(composed, places, source, trusted)
     _before_running(run_dir, [run_dir], [run_dir], force)
     return _relaunch(recorded, f"hydra.run.dir={run_dir.absolute()}", relaunch)
 
