@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "repro"  # scripts/new_project.py renames it
 TABLE = ROOT / "scripts" / "mutation.toml"
 EQUIVALENTS = ROOT / "scripts" / "mutation_equivalents.toml"
+SCORES = ROOT / "scripts" / "mutation_scores.toml"
+FLOOR = 90.0  # percent: a module under it has promises without a fast test
 WORK = ROOT / "mutants"  # mutmut's own folder name; it cannot be changed
 KILLED = {"killed", "timeout"}  # a mutant that makes the tests hang was noticed too
 
@@ -63,6 +65,21 @@ class Equivalent:
     mutant: str  # mutmut's name: package.module.x_function__mutmut_N
     changes: str  # the lines it removes and adds, as `changed_lines` writes them
     reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A module's last recorded run: what `make mutants` compares a new run against."""
+
+    mutants: int
+    killed: int
+    equivalent: int
+    seconds: float
+    measured: str  # when and where, e.g. "2026-11-28, 2-core AMD EPYC"
+
+    def percent(self) -> float:
+        counted = self.mutants - self.equivalent
+        return 100 * self.killed / counted if counted else 100.0
 
 
 def read_toml(path: Path) -> dict:
@@ -82,6 +99,64 @@ def read_equivalents(path: Path = EQUIVALENTS) -> list[Equivalent]:
         )
         for entry in read_toml(path).get("equivalent", [])
     ]
+
+
+def read_records(path: Path = SCORES) -> dict[str, Record]:
+    if not path.is_file():
+        return {}
+    return {
+        module: Record(**fields) for module, fields in read_toml(path).get("scores", {}).items()
+    }
+
+
+def write_records(records: dict[str, Record], order: list[str], path: Path = SCORES) -> None:
+    """The records, in the table's order, written whole to a new file renamed over the old."""
+    lines = [
+        "# Each module's last recorded `make mutants` run (scripts/mutation.py --record writes it).",
+        "# A run whose score falls below its module's figure here is a regression: make mutants",
+        "# names it and exits non-zero.",
+        "",
+        "[scores]",
+    ]
+    for module in sorted(records, key=lambda m: (order.index(m) if m in order else len(order), m)):
+        r = records[module]
+        lines.append(
+            f'"{module}" = {{ mutants = {r.mutants}, killed = {r.killed}, '
+            f'equivalent = {r.equivalent}, seconds = {round(r.seconds)}, measured = "{r.measured}" }}'
+        )
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text("\n".join(lines) + "\n")
+    partial.replace(path)
+
+
+def measured_here() -> str:
+    """When and where a score was measured: the date and the CPU (scores differ by machine
+    only in their times)."""
+    model = "a CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
+        model = found.group(1).strip() if found else model
+    return f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {model}"
+
+
+def judge(module: str, counted: Tally, record: Record | None) -> tuple[str, bool]:
+    """What a run's score says against the module's record and the floor: (line, regression)."""
+    percent = counted.percent()
+    if percent is None:
+        return f"{module}: nothing to score", False
+    if record is None:
+        floor = f"; under the {FLOOR:.0f}% floor" if percent < FLOOR else ""
+        return f"{module}: {percent:.1f}%, no recorded score yet (--record keeps it){floor}", False
+    if percent < record.percent():
+        return (
+            f"{module}: REGRESSION: {percent:.1f}% < {record.percent():.1f}% recorded "
+            f"({record.measured}): a test that killed mutants no longer does, or new code "
+            "has no test",
+            True,
+        )
+    floor = f"; under the {FLOOR:.0f}% floor" if percent < FLOOR else ""
+    return f"{module}: {percent:.1f}%, recorded {record.percent():.1f}%{floor}", False
 
 
 def has_functions(path: Path) -> bool:
@@ -104,11 +179,16 @@ def targeted(table: Table, root: Path = ROOT) -> list[str]:
     return sorted(found)
 
 
-def table_problems(table: Table, equivalents: list[Equivalent], root: Path = ROOT) -> list[str]:
+def table_problems(
+    table: Table,
+    equivalents: list[Equivalent],
+    root: Path = ROOT,
+    records: dict[str, Record] | None = None,
+) -> list[str]:
     """What is wrong with the table or the equivalents, read from the files alone."""
     modules = targeted(table, root)
-    found = [f"{m}: a module of the targets with no tests in the table" for m in modules
-             if m not in table.tests]  # fmt: skip
+    untested = [module for module in modules if module not in table.tests]
+    found = [f"{module}: a module of the targets with no tests in the table" for module in untested]
     for module, files in table.tests.items():
         if module not in modules:
             found.append(f"{module}: in the table but no module with functions under the targets")
@@ -117,6 +197,9 @@ def table_problems(table: Table, equivalents: list[Equivalent], root: Path = ROO
         found += [
             f"{module}: no test file tests/{f}" for f in files if not (root / "tests" / f).is_file()
         ]
+    for module in records or {}:
+        if module not in table.tests:
+            found.append(f"{module}: a recorded score for no module in the table")
     for entry in equivalents:
         if not (entry.mutant and entry.changes and entry.reason.strip()):
             found.append(f"equivalent {entry.mutant or '?'}: needs mutant, changes and reason")
@@ -255,9 +338,14 @@ class Tally:
     equivalent: int = 0
     survivors: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
 
-    def score(self) -> str:
+    def percent(self) -> float | None:
         counted = self.total - self.equivalent
-        return f"{self.killed}/{counted} = {100 * self.killed / counted:.1f}%" if counted else "-"
+        return 100 * self.killed / counted if counted else None
+
+    def score(self) -> str:
+        percent = self.percent()
+        counted = self.total - self.equivalent
+        return f"{self.killed}/{counted} = {percent:.1f}%" if percent is not None else "-"
 
 
 def tally(result: dict, equivalents: dict[str, Equivalent], notes: list[str]) -> Tally:
@@ -354,6 +442,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="report the last run again (after a review), run nothing",
     )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help=f"keep this run's scores in {SCORES.relative_to(ROOT)} as the modules' figures",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one module
     args = parser.parse_args(argv)
     table, equivalents = read_table(), read_equivalents()
@@ -362,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
         (WORK / "results").mkdir(parents=True, exist_ok=True)
         (WORK / "results" / f"{dotted(args.one)}.json").write_text(json.dumps(result, indent=1))
         return
-    found = table_problems(table, equivalents)
+    found = table_problems(table, equivalents, records=read_records())
     if found:
         sys.exit("error: " + "\nerror: ".join(found))
     chosen = choose(table, args.modules)
@@ -371,6 +464,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{module:40} {' '.join(table.tests[module])}")
         return
     by_name = {entry.mutant: entry for entry in equivalents}
+    records, judged, regressions = read_records(), [], []
     total, notes, failed, started = Tally(), [], [], time.perf_counter()
     for module in chosen:
         result_file = WORK / "results" / f"{dotted(module)}.json"
@@ -384,6 +478,14 @@ def main(argv: list[str] | None = None) -> None:
             continue
         counted = tally(result, by_name, notes)
         show(module, counted, result.get("seconds", 0.0))
+        said, fell = judge(module, counted, records.get(module))
+        judged.append(said)
+        if fell:
+            regressions.append(module)
+        if args.record and counted.total:
+            seconds = result.get("seconds", 0.0)
+            kept = (counted.total, counted.killed, counted.equivalent, seconds, measured_here())
+            records[module] = Record(*kept)
         total.total += counted.total
         total.killed += counted.killed
         total.equivalent += counted.equivalent
@@ -396,8 +498,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     for note in notes:
         print(f"note: {note}")
+    print("\nAgainst the recorded scores:", *judged, sep="\n  ")
+    if args.record:
+        write_records(records, list(table.tests))
+        print(f"recorded in {SCORES.relative_to(ROOT)}")
     if failed:
         sys.exit(f"error: mutmut failed on {', '.join(failed)} (logs in mutants/logs/)")
+    if regressions and not args.record:
+        sys.exit(f"error: below their recorded scores: {', '.join(regressions)}")
 
 
 if __name__ == "__main__":

@@ -194,3 +194,64 @@ def test_each_mutant_gets_its_tests_fastest_first():
         "f": ["t::fast", "t::mid", "t::tie", "t::slow"],
         "g": ["t::slow"],
     }
+
+
+def test_a_score_below_its_record_is_a_regression_and_a_low_one_is_named():
+    def ran(total: int, killed: int, equivalent: int = 0) -> object:
+        return mutation.Tally(total=total, killed=killed, equivalent=equivalent)
+
+    record = mutation.Record(mutants=100, killed=92, equivalent=2, seconds=60.0, measured="then")
+    assert record.percent() == pytest.approx(93.877, abs=1e-3)
+    said, fell = mutation.judge("m.py", ran(100, 91, 2), record)
+    assert fell and said.startswith("m.py: REGRESSION: 92.9% < 93.9% recorded (then)")
+    assert mutation.judge("m.py", ran(100, 92, 2), record) == (
+        "m.py: 93.9%, recorded 93.9%",
+        False,
+    )
+    # More mutants, the same ones missed: the score is what is compared, not the counts.
+    said, fell = mutation.judge("m.py", ran(120, 112, 2), record)
+    assert not fell and said == "m.py: 94.9%, recorded 93.9%"
+    low = mutation.Record(10, 5, 0, 1.0, "then")
+    assert mutation.judge("m.py", ran(10, 6), low) == (
+        "m.py: 60.0%, recorded 50.0%; under the 90% floor",
+        False,
+    )
+    assert mutation.judge("m.py", ran(10, 9), None) == (
+        "m.py: 90.0%, no recorded score yet (--record keeps it)",
+        False,
+    )
+    assert mutation.judge("m.py", ran(3, 0, 3), None) == ("m.py: nothing to score", False)
+
+
+def test_records_round_trip_in_the_tables_order_and_a_stray_one_is_named(tmp_path):
+    path = tmp_path / "scores.toml"
+    records = {
+        "pkg/b.py": mutation.Record(7, 7, 0, 12.4, "2026-11-28, 2 cores"),
+        "pkg/a.py": mutation.Record(30, 25, 1, 100.0, 'a "quoted" CPU'.replace('"', "")),
+    }
+    mutation.write_records(records, ["pkg/a.py", "pkg/b.py"], path)
+    assert mutation.read_records(path) == {
+        "pkg/a.py": mutation.Record(30, 25, 1, 100, "a quoted CPU"),
+        "pkg/b.py": mutation.Record(7, 7, 0, 12, "2026-11-28, 2 cores"),
+    }
+    assert path.read_text().index('"pkg/a.py"') < path.read_text().index('"pkg/b.py"')
+    assert not list(tmp_path.glob(".*"))  # the partial file was renamed into place
+    assert mutation.read_records(tmp_path / "none.toml") == {}
+    table = mutation.Table((), {"pkg/a.py": ("test_a.py",)})
+    assert "pkg/b.py: a recorded score for no module in the table" in mutation.table_problems(
+        table, [], root=tmp_path, records=records
+    )
+
+
+def test_every_module_of_src_is_under_mutation_and_the_records_name_table_modules():
+    table = mutation.read_table()
+    src = ROOT / "src"
+    everything = mutation.targeted(mutation.Table(("hydra_plugins/", f"{mutation.PACKAGE}/"), {}))
+    assert everything == sorted(
+        path.relative_to(src).as_posix()
+        for path in src.rglob("*.py")
+        if mutation.has_functions(path)
+    )
+    assert mutation.targeted(table) == everything
+    records = mutation.read_records()
+    assert set(records) <= set(table.tests) and records
