@@ -1,0 +1,160 @@
+"""`python -m repro.shards pack|verify`, called in this process (the command line's tests in
+test_shards.py start it as a user would): what each prints, the packing it asks for, and a
+mistake as one line and exit status 2."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from repro.shards.command import main
+from repro.shards.format import parse_manifest
+from repro.shards.pack import pack
+
+from conftest import make_image_tree
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_image_tree(tmp_path_factory.mktemp("source") / "images", per_class=4)
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    """The command's exit status, standard output and standard error."""
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _shards(manifest_path: Path) -> list:
+    manifest = parse_manifest(manifest_path.read_bytes(), "manifest.json")
+    return [shard for shards in manifest.splits.values() for shard in shards]
+
+
+def test_pack_packs_as_asked_and_verify_counts_every_shard_of_every_split(images, tmp_path, capsys):
+    dest = tmp_path / "shards"
+    code, out, err = _run(capsys, "pack", str(images), str(dest), "--shard-size", "2KB",
+                          "--seed", "3")  # fmt: skip
+    assert (code, err) == (0, "")
+    assert out == f"packed {images} into {dest} (manifest.json lists the shards)\n"
+    asked = pack(images, tmp_path / "asked", 2000, seed=3)
+    assert (dest / "manifest.json").read_bytes() == asked.read_bytes()
+    assert asked.read_bytes() != pack(images, tmp_path / "seed0", 2000).read_bytes()
+    shards = _shards(dest / "manifest.json")
+    assert len({shard.name.split("-")[0] for shard in shards}) == 2 < len(shards)
+    assert _run(capsys, "verify", str(dest)) == (
+        0,
+        f"{dest}: {len(shards)} shards match the manifest\n",
+        "",
+    )
+
+
+def test_pack_by_default_makes_256mb_shards_of_the_files_bytes_with_seed_0(
+    images, tmp_path, capsys
+):
+    dest = tmp_path / "shards"
+    assert _run(capsys, "pack", str(images), str(dest))[0] == 0
+    default = pack(images, tmp_path / "default", 256 * 10**6, seed=0)
+    assert (dest / "manifest.json").read_bytes() == default.read_bytes()
+    assert [s.name for s in _shards(dest / "manifest.json")] == [
+        "train-000000.tar",
+        "val-000000.tar",
+    ]
+    with tarfile.open(dest / "train-000000.tar") as tar:
+        assert all(name.endswith((".png", ".cls")) for name in tar.getnames())
+    assert _run(capsys, "pack", str(images), str(tmp_path / "pixels"), "--pixels")[0] == 0
+    with tarfile.open(tmp_path / "pixels" / "train-000000.tar") as tar:
+        assert any(name.endswith(".npy") for name in tar.getnames())
+
+
+def test_paths_may_start_at_the_home_folder(images, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(images, tmp_path / "images")
+    code, out, _ = _run(capsys, "pack", "~/images", "~/shards", "--shard-size", "4KB")
+    assert code == 0 and (tmp_path / "shards" / "manifest.json").is_file()
+    assert out == f"packed ~/images into {tmp_path / 'shards'} (manifest.json lists the shards)\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--shard-size", "12XB"], "--shard-size 12XB: not a size (256MB, 64KiB, 1GB or bytes)"),
+        (["--shard-size", "1KB"], None),  # the second pack: into a folder that exists
+    ],
+)
+def test_a_mistake_in_pack_is_one_line_and_status_2(images, tmp_path, capsys, argv, said):
+    dest = tmp_path / "shards"
+    if said is None:
+        dest.mkdir()
+        (dest / "mine.txt").write_text("kept")
+    code, out, err = _run(capsys, "pack", str(images), str(dest), *argv)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and err.startswith("error: ")
+    if said is not None:
+        assert err == f"error: {said}\n"
+    else:
+        assert "exists" in err and (dest / "mine.txt").read_text() == "kept"
+
+
+def test_verify_names_a_damaged_shard_in_one_line(images, tmp_path, capsys):
+    dest = tmp_path / "shards"
+    pack(images, dest, 2000)
+    damaged = dest / "val-000000.tar"
+    damaged.write_bytes(b"\1" + damaged.read_bytes()[1:])
+    assert _run(capsys, "verify", str(dest)) == (
+        2,
+        "",
+        f"error: shard {dest}/val-000000.tar: its SHA-256 is not the manifest's\n",
+    )
+
+
+def test_verify_reads_the_members_of_a_shard_whose_digest_matches(images, tmp_path, capsys):
+    """A shard whose manifest entry was made to match it, but whose member is a link."""
+    dest = tmp_path / "shards"
+    pack(images, dest, 2000)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        member = tarfile.TarInfo("0.png")
+        member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(member)
+    crafted = buffer.getvalue()
+    (dest / "val-000000.tar").write_bytes(crafted)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    entry = manifest["splits"]["val"][0]
+    entry.update(sha256=hashlib.sha256(crafted).hexdigest(), bytes=len(crafted))
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    assert _run(capsys, "verify", str(dest)) == (
+        2,
+        "",
+        f"error: shard {dest}/val-000000.tar: member '0.png' is a link: refused\n",
+    )
+
+
+def test_verify_from_s3_fetches_every_shard_and_keeps_them(images, tmp_path, capsys, monkeypatch):
+    moto = pytest.importorskip("moto")
+    boto3 = pytest.importorskip("boto3")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    dest = tmp_path / "shards"
+    pack(images, dest, 2000)
+    with moto.mock_aws():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="kept")
+        for path in sorted(dest.iterdir()):
+            client.upload_file(str(path), "kept", f"data/{path.name}")
+        cache = tmp_path / "cache"
+        code, out, _ = _run(capsys, "verify", "s3://kept/data", "--cache-dir", str(cache))
+    shards = _shards(dest / "manifest.json")
+    assert (code, out) == (0, f"s3://kept/data: {len(shards)} shards match the manifest\n")
+    assert sorted(p.name for p in cache.rglob("*.tar")) == sorted(s.name for s in shards)
