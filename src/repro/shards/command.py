@@ -42,8 +42,8 @@ def main(argv: list[str]) -> None:
     packing.add_argument("dest", help="the new folder of shards (must not exist)")
     packing.add_argument("--shard-size", default="256MB", help="bytes per shard (256MB)")
     packing.add_argument("--seed", type=int, default=0, help="the packing shuffle's seed")
-    packing.add_argument("--pixels", action="store_true",
-                         help="store decoded pixels (.npy), not the image files' bytes")  # fmt: skip
+    pixels_help = "store decoded pixels (.npy), not the image files' bytes"
+    packing.add_argument("--pixels", action="store_true", help=pixels_help)
     checking = commands.add_parser("verify", help="check every shard against the manifest")
     checking.add_argument("root", help="a folder of shards or s3://bucket/prefix")
     checking.add_argument("--endpoint-url", default=None, help="an S3-compatible endpoint")
@@ -54,8 +54,8 @@ def main(argv: list[str]) -> None:
     try:
         if args.command == "pack":
             size = parse_size(args.shard_size)
-            manifest = pack(Path(args.src).expanduser(), Path(args.dest).expanduser(), size,
-                            args.seed, args.pixels)  # fmt: skip
+            src, dest = Path(args.src).expanduser(), Path(args.dest).expanduser()
+            manifest = pack(src, dest, size, args.seed, args.pixels)
             print(f"packed {args.src} into {manifest.parent} ({manifest.name} lists the shards)")
         else:
             count = verify(args.root, args.endpoint_url, args.cache_dir)
