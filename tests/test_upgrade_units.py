@@ -1,0 +1,224 @@
+"""`make upgrade` (repro.verify.upgrade), its parts in this process (test_verify.py and
+test_new_project.py run it in a generated project): the arguments and experiments, the
+engine's source tree and wheel, the pinned wheel replaced, the clean checkout it needs, each
+config's composed and trained sides and its report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.errors import ConfigError, UserError
+from repro.runs.fingerprint_log import Row
+from repro.verify import upgrade
+
+IDENTITY = ["-c", "user.name=test", "-c", "user.email=test@localhost"]
+ADDED = [*upgrade.CONFIG, upgrade.EVERY_STEP]
+
+
+def _git(*args: str, cwd: Path) -> str:
+    done = subprocess.run(["git", *IDENTITY, *args], cwd=cwd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A project folder with two experiments, committed."""
+    folder = tmp_path / "lab"
+    (folder / "conf" / "experiment").mkdir(parents=True)
+    for name in ("small", "big"):
+        (folder / "conf" / "experiment" / f"{name}.yaml").write_text("# @package _global_\n")
+    (folder / "engine").mkdir()
+    (folder / "engine" / "repro-0.1.0-py3-none-any.whl").write_bytes(b"old wheel")
+    (folder / "pyproject.toml").write_text(
+        '[tool.uv.sources]\nrepro = { path = "engine/repro-0.1.0-py3-none-any.whl" }\n'
+    )
+    (folder / "uv.lock").write_text("lock\n")
+    (folder / "README.md").write_text("# lab\n")
+    _git("init", "--quiet", cwd=folder)
+    _git("add", ".", cwd=folder)
+    _git("commit", "--quiet", "-m", "start", cwd=folder)
+    return folder
+
+
+def test_the_engine_steps_experiments_and_overrides_are_read(project):
+    engine, steps, checks, overrides = upgrade.parse(["/t@abc", "amp=bf16"], project)
+    assert (engine, steps) == ("/t@abc", 8)
+    assert [(c.name, c.chosen) for c in checks] == [("the default config", [])]
+    assert overrides == [*ADDED, "trainer.max_steps=8", "amp=bf16"]
+    _, steps, checks, overrides = upgrade.parse(["/t", "steps=3", "experiments=all"], project)
+    assert steps == 3 and overrides == [*ADDED, "trainer.max_steps=3"]
+    assert [c.chosen for c in checks] == [[], ["experiment=big"], ["experiment=small"]]
+    assert checks[2].name == "experiment=small"
+    _, _, checks, _ = upgrade.parse(["/t", "experiments=[small]"], project)
+    assert [c.name for c in checks] == ["the default config", "experiment=small"]
+    assert [side.name for side in checks[1].sides] == ["the old engine", "the new engine"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["/t", "steps=0"], "steps"),
+        (["/t", "steps=x"], "steps"),
+        (["/t", "experiments=huge"], "experiments"),
+        (["/t", "experiments="], "experiments"),
+    ],
+)
+def test_a_wrong_setting_is_one_line_naming_what_is_allowed(project, argv, key):
+    with pytest.raises(ConfigError) as refused:
+        upgrade.parse(argv, project)
+    assert refused.value.key == key
+    if key == "experiments":
+        assert "all, or names of conf/experiment/*.yaml: big, small" in str(refused.value)
+
+
+def test_no_engine_or_no_experiments_at_all_is_named(tmp_path):
+    for argv in ([], [""]):
+        with pytest.raises(UserError, match="the template checkout to upgrade to is missing"):
+            upgrade.parse(argv, tmp_path)
+    with pytest.raises(ConfigError, match="none there"):
+        upgrade.experiments("all", tmp_path)
+
+
+def test_a_command_that_fails_or_cannot_start_is_one_line_naming_it(tmp_path):
+    assert upgrade.run([sys.executable, "-c", "print('out')"], tmp_path, "echo") == "out\n"
+    failing = [sys.executable, "-c", "import sys; sys.exit('first\\nlast words')"]
+    with pytest.raises(UserError, match=r"^uv lock failed: last words$"):
+        upgrade.run(failing, tmp_path, "uv lock")
+    with pytest.raises(UserError, match=r"^silent failed: no message$"):
+        upgrade.run([sys.executable, "-c", "raise SystemExit(3)"], tmp_path, "silent")
+    with pytest.raises(UserError, match=r"^missing: "):
+        upgrade.run([str(tmp_path / "no-such-program")], tmp_path, "missing")
+
+
+def test_the_checkout_must_be_committed_where_the_upgrade_writes(project, tmp_path):
+    upgrade.check_committed(project)
+    (project / "notes.txt").write_text("the user's, untouched by the upgrade\n")
+    upgrade.check_committed(project)  # not a file the upgrade writes
+    (project / "uv.lock").write_text("edited\n")
+    with pytest.raises(UserError) as refused:
+        upgrade.check_committed(project)
+    assert str(refused.value).startswith("uv.lock has uncommitted changes: commit them or run")
+    assert upgrade.ROLLBACK in str(refused.value)
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    with pytest.raises(UserError, match="is not a git checkout"):
+        upgrade.check_committed(outside)
+
+
+def test_the_engines_tree_is_its_working_tree_or_a_commit_exported(project, tmp_path):
+    engine = project  # any checkout with pyproject.toml stands in for the template
+    head = _git("rev-parse", "--short=12", "HEAD", cwd=engine)
+    tree, described, commit = upgrade.source_tree(str(engine), tmp_path)
+    assert (tree, described, commit) == (engine, f"{engine} (working tree at {head})", head)
+    (engine / "README.md").write_text("# changed\n")
+    assert upgrade.source_tree(str(engine), tmp_path)[2] == head + "-dirty"
+    _git("commit", "--quiet", "-am", "two", cwd=engine)
+    tree, described, commit = upgrade.source_tree(f"{engine}@HEAD~1", tmp_path)
+    assert tree == tmp_path / "engine-source" and commit == head
+    assert described == f"{engine} at {head}"
+    assert (tree / "README.md").read_text() == "# lab\n"  # the commit's, not the tree's
+    with pytest.raises(UserError, match=r"^ENGINE .*@nope failed"):
+        upgrade.source_tree(f"{engine}@nope", tmp_path / "x")
+    with pytest.raises(ConfigError, match="a checkout of the template"):
+        upgrade.source_tree(str(tmp_path / "empty"), tmp_path)
+
+
+def test_the_pinned_wheel_is_found_and_replaced_under_its_name_or_a_new_one(
+    project, tmp_path, capsys
+):
+    pinned = upgrade.pinned_wheel(project)
+    assert pinned == project / "engine" / "repro-0.1.0-py3-none-any.whl"
+    same = tmp_path / "repro-0.1.0-py3-none-any.whl"
+    same.write_bytes(b"new wheel, same version")
+    before = (project / "pyproject.toml").read_text()
+    upgrade.install(same, pinned, project)
+    assert pinned.read_bytes() == b"new wheel, same version"
+    assert (project / "pyproject.toml").read_text() == before and capsys.readouterr().out == ""
+    newer = tmp_path / "repro-0.2.0-py3-none-any.whl"
+    newer.write_bytes(b"next version")
+    upgrade.install(newer, pinned, project)
+    assert not pinned.exists()
+    assert (project / "engine" / newer.name).read_bytes() == b"next version"
+    assert '"engine/repro-0.2.0-py3-none-any.whl"' in (project / "pyproject.toml").read_text()
+    assert capsys.readouterr().out == (
+        "pyproject.toml: the engine's wheel is now engine/repro-0.2.0-py3-none-any.whl "
+        "(a new version)\n"
+    )
+    (project / "pyproject.toml").write_text("[project]\nname = 'lab'\n")
+    with pytest.raises(UserError, match=r"names no wheel for repro in \[tool.uv.sources\]"):
+        upgrade.pinned_wheel(project)
+
+
+def _entry_point(outcomes: dict[str, tuple[int, str]], calls: list[tuple[str, ...]]):
+    """A stand-in for `python -m <engine>.train`: `--cfg job` prints a config, a training
+    writes its fingerprints and summary."""
+
+    def entry_point(project: Path, *arguments: str) -> subprocess.CompletedProcess:
+        calls.append(arguments)
+        kind = "compose" if "--cfg" in arguments else "train"
+        code, text = outcomes[kind]
+        if kind == "train" and code == 0:
+            run_dir = Path(next(a for a in arguments if a.startswith("hydra.run.dir="))[14:])
+            run_dir.mkdir(parents=True)
+            (run_dir / "fingerprints.csv").write_text("1,0.5,\n")
+            (run_dir / "summary.json").write_text('{"weights_sha256": "w"}')
+        stdout = text if code == 0 else ""
+        return subprocess.CompletedProcess(arguments, code, stdout, "" if code == 0 else text)
+
+    return entry_point
+
+
+def test_a_check_composes_then_trains_each_side_and_reports_identical(
+    project, tmp_path, monkeypatch, capsys
+):
+    calls: list[tuple[str, ...]] = []
+    fake = _entry_point({"compose": (0, "model:\n  width: 8\n"), "train": (0, "")}, calls)
+    monkeypatch.setattr(upgrade, "entry_point", fake)
+    check = upgrade.Check("experiment=small", ["experiment=small"], project)
+    for which in (0, 1):
+        check.run(which, project, ["trainer.max_steps=1"], tmp_path)
+    assert calls[0] == ("experiment=small", "--cfg", "job")
+    assert calls[1] == (
+        "trainer.max_steps=1",
+        "experiment=small",
+        f"hydra.run.dir={tmp_path / 'experiment-small-0'}",
+    )
+    assert check.configs == ["model:\n  width: 8\n"] * 2
+    assert check.sides[1].rows == [Row(1, "0.5", "")]
+    assert check.report() is None
+    assert capsys.readouterr().out == "experiment=small: identical (1 steps)\n"
+
+
+@pytest.mark.parametrize("failing", ["compose", "train"])
+def test_a_side_that_fails_is_one_line_naming_the_config_and_the_engine(
+    project, tmp_path, monkeypatch, failing
+):
+    outcomes = {"compose": (0, "a: 1\n"), "train": (0, ""), failing: (1, "x\nerror: it broke")}
+    monkeypatch.setattr(upgrade, "entry_point", _entry_point(outcomes, []))
+    check = upgrade.Check("the default config", [], project)
+    doing = "composing" if failing == "compose" else "training"
+    with pytest.raises(
+        UserError, match=f"^{doing} the default config under the new engine failed: it broke$"
+    ):
+        check.run(1, project, [], tmp_path)
+
+
+def test_a_check_that_differs_names_the_step_and_the_configs_changes(project, capsys):
+    check = upgrade.Check("the default config", [], project)
+    for side, loss in zip(check.sides, ("0.5", "0.6"), strict=True):
+        side.rows, side.summary = [Row(1, loss, "")], {"weights_sha256": "w"}
+    check.configs = ["lr: 0.1\nwd: 0\n", "lr: 0.2\nwd: 0\n"]
+    assert check.report() == "step 1: loss 0.5 the old engine, 0.6 the new engine"
+    assert capsys.readouterr().out.splitlines() == [
+        "the default config: differs, first at step 1: loss 0.5 the old engine, 0.6 the new engine",
+        "  resolved config, old -> new:",
+        "    lr: 0.1 -> 0.2",
+    ]
+    check.configs = ["lr: 0.1\n"] * 2
+    check.report()
+    assert capsys.readouterr().out.splitlines()[1:] == ["  resolved config: the same"]
