@@ -14,7 +14,7 @@ help:
 	@echo "make bench   - speed or exactness on this machine: ARGS='suite=knobs|overhead|startup|exactness [overrides]'"
 	@echo "make verify-previous - train a short config here and at the previous commit: identical?"
 	@echo "make lint    - ruff lint and format check"
-	@echo "make mutants - mutmut over the engine's modules and their fast tests (ARGS='runs/integrity.py')"
+	@echo "make mutants - mutmut over every module of src/ and its fast tests, against the recorded scores (ARGS='runs/integrity.py --record')"
 	@echo "make mutants-known - apply one known bug at a time and check that the slow tests catch each"
 
 setup: .venv/.synced

@@ -1,4 +1,4 @@
-"""Mutation testing of the engine's modules with mutmut: every small change mutmut makes inside
+"""Mutation testing of every module of src/ with mutmut: every small change mutmut makes inside
 a function (an operator, a comparison, a constant, a string, an argument dropped or set to
 None) is run against that module's fast tests, and a change no test notices is reported.
 
@@ -7,11 +7,15 @@ None) is run against that module's fast tests, and a change no test notices is r
     make mutants ARGS="sweeps/ runs/trust.py"     # a folder's modules, and another
     make mutants ARGS="--list"                    # the modules and the tests that guard each
     make mutants ARGS="--last runs/trust.py"      # its last run reported again, nothing run
+    make mutants ARGS="shards/ --record"          # and its scores kept as the new figures
 
 scripts/mutation.toml maps each module to its fast tests (in-process: no `slow`, no `e2e`),
 so that a mutant takes seconds; scripts/mutation_equivalents.toml lists the mutants reviewed
 as equivalent (no test could tell them from the code), each with its reason, and they leave
-the score: killed / (mutants - equivalent). A timeout counts as killed. After a review,
+the score: killed / (mutants - equivalent). A timeout counts as killed.
+scripts/mutation_scores.toml holds each module's last recorded score: a run below it is a
+regression, named, and the command exits non-zero (a module under 90% is named too);
+`--record` writes the run's figures there instead. After a review,
 `--last` reports the last run again with the equivalents as they are now.
 
 mutmut works in mutants/ (git-ignored; `make clean` removes it): a copy of src/ in which each
