@@ -50,8 +50,11 @@ def _job(tmp_path: Path, rows: list[dict]) -> Path:
 
 
 def test_a_trials_value_is_its_final_or_its_best_evaluation(tmp_path):
-    rows = [{"step": 1, "val_acc": 0.4, "val_loss": 2.0}, {"step": 2, "val_acc": 0.7,
-            "val_loss": 1.0}, {"step": 3, "val_acc": 0.6, "val_loss": 1.5}]  # fmt: skip
+    rows = [
+        {"step": 1, "val_acc": 0.4, "val_loss": 2.0},
+        {"step": 2, "val_acc": 0.7, "val_loss": 1.0},
+        {"step": 3, "val_acc": 0.6, "val_loss": 1.5},
+    ]
     folder = _job(tmp_path, rows)
     summary = {"val_acc": 0.6, "val_loss": 1.5, "seed": 3, "completed": True, "note": "x"}
     assert Objective().value(folder, summary, "maximize") == 0.6
@@ -104,8 +107,13 @@ def test_study_json_lists_every_trial_and_the_best_parameters_are_written(tmp_pa
     assert written["study"] == "lr" and written["direction"] == "minimize"
     assert written["objective"] == {"metric": "val_loss", "take": "best"}
     assert written["counts"] == {"complete": 2, "pruned": 1}
-    assert written["best"] == {"trial": best.number, "state": "complete", "value": 0.5,
-                               "params": best.params, "folder": str(tmp_path / "1")}  # fmt: skip
+    assert written["best"] == {
+        "trial": best.number,
+        "state": "complete",
+        "value": 0.5,
+        "params": best.params,
+        "folder": str(tmp_path / "1"),
+    }
     assert [row["state"] for row in written["trials"]] == ["complete", "complete", "pruned"]
     assert written["trials"][2]["value"] is None
     results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
