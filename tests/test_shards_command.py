@@ -43,8 +43,8 @@ def _shards(manifest_path: Path) -> list:
 
 def test_pack_packs_as_asked_and_verify_counts_every_shard_of_every_split(images, tmp_path, capsys):
     dest = tmp_path / "shards"
-    code, out, err = _run(capsys, "pack", str(images), str(dest), "--shard-size", "2KB",
-                          "--seed", "3")  # fmt: skip
+    argv = ["pack", str(images), str(dest), "--shard-size", "2KB", "--seed", "3"]
+    code, out, err = _run(capsys, *argv)
     assert (code, err) == (0, "")
     assert out == f"packed {images} into {dest} (manifest.json lists the shards)\n"
     asked = pack(images, tmp_path / "asked", 2000, seed=3)
