@@ -193,3 +193,40 @@ def test_a_written_shard_reads_back_through_its_own_manifest(tmp_path):
     assert manifest.sha256 == hashlib.sha256(text.encode()).hexdigest()
     data = Path(tmp_path / "train-000000.tar").read_bytes()
     check_members(io.BytesIO(data), shard, "here")
+
+
+@pytest.mark.parametrize(
+    ("index", "why"),
+    [
+        ([[0.5, 1, 0, 0]], "train-0.tar: index is not rows of 4 whole numbers"),
+        ([1, 2, 3, 4], "train-0.tar: index is not rows of 4 whole numbers"),
+        ([[0, 1, 0]], "train-0.tar: index is not rows of 4 whole numbers"),
+        ([[-1, 1, 0, 0]], "train-0.tar: a negative or huge number in the index"),
+        ([[0, 1, 0, LARGEST + 1]], "train-0.tar: a negative or huge number in the index"),
+        ([[0, 1, 1, 0]], "train-0.tar: a label outside the 1 classes"),
+        ([[1000, 30, 0, 0]], "train-0.tar: a sample past the shard's end"),
+        ([[0, 1, 0, 2**32]], "train-0.tar: a CRC-32 past 32 bits"),
+    ],
+)
+def test_each_wrong_index_row_is_named(index, why):
+    with pytest.raises(DataError) as refused:
+        parse_manifest(_manifest(index=index), "m.json")
+    assert str(refused.value) == f"m.json: not a shard manifest ({why})"
+
+
+def test_index_values_up_to_the_largest_and_the_last_class_pass():
+    entry = parse_manifest(_manifest(bytes=LARGEST, index=[[LARGEST, 0, 0, 2**32 - 1]]), "m")
+    assert entry.splits["train"][0].index.tolist() == [[LARGEST, 0, 0, 2**32 - 1]]
+    edge = parse_manifest(_manifest(index=[[1000, 24, 0, 0]]), "m")  # ends at the shard's end
+    assert edge.splits["train"][0].index.tolist() == [[1000, 24, 0, 0]]
+
+
+def test_a_compressed_tar_is_no_shard(tmp_path):
+    """A reader seeks to a sample's byte in the file: a gzip'd tar's offsets are not the
+    file's, so it is refused where a tar reader would open it transparently."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.addfile(_member("a.png", size=5), io.BytesIO(b"12345"))
+    data = buffer.getvalue()
+    with pytest.raises(DataError, match=r"^shard s: not a tar file \("):
+        check_members(io.BytesIO(data), _shard_of(data), "s")
