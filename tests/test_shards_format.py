@@ -230,3 +230,39 @@ def test_a_compressed_tar_is_no_shard(tmp_path):
     data = buffer.getvalue()
     with pytest.raises(DataError, match=r"^shard s: not a tar file \("):
         check_members(io.BytesIO(data), _shard_of(data), "s")
+
+
+def _raw(**fields) -> bytes:
+    entry = {"name": "train-0.tar", "bytes": 1024, "sha256": "a" * 64, "index": []}
+    raw = {"format": "repro-shards/1", "classes": ["a"], "splits": {"train": [entry]}}
+    raw.update(fields)
+    return json.dumps(raw).encode()
+
+
+TWICE = {"name": "t.tar", "bytes": 9, "sha256": "a" * 64, "index": []}
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"[1]", "not a JSON object"),
+        (_raw(format="repro-shards/0"), "format 'repro-shards/0', expected 'repro-shards/1'"),
+        (_raw(classes=["a", 1]), "classes: not a list of names"),
+        (_raw(splits=[]), "splits: not an object"),
+        (_raw(splits={"train": {}}), "splits.train: not a list"),
+        (_raw(splits={"val": []}), "no train split"),
+        (_raw(splits={"train": []}), "no train split"),
+        (_raw(splits={"train": [TWICE], "val": [TWICE]}), "shard 't.tar' listed twice"),
+    ],
+)
+def test_a_manifest_that_is_not_one_is_named_with_why(data, why):
+    with pytest.raises(DataError) as refused:
+        parse_manifest(data, "s3://b/manifest.json")
+    assert str(refused.value) == f"s3://b/manifest.json: not a shard manifest ({why})"
+
+
+def test_a_manifest_holds_its_classes_and_its_own_digest_and_bad_json_names_where():
+    manifest = parse_manifest(_raw(classes=["cat", "dog"]), "m")
+    assert manifest.classes == ["cat", "dog"] and list(manifest.splits) == ["train"]
+    with pytest.raises(DataError, match=r"^s3://b/manifest\.json: "):
+        parse_manifest(b"{not json", "s3://b/manifest.json")
