@@ -158,3 +158,38 @@ def test_verify_from_s3_fetches_every_shard_and_keeps_them(images, tmp_path, cap
     shards = _shards(dest / "manifest.json")
     assert (code, out) == (0, f"s3://kept/data: {len(shards)} shards match the manifest\n")
     assert sorted(p.name for p in cache.rglob("*.tar")) == sorted(s.name for s in shards)
+
+
+def test_the_help_says_what_each_command_and_option_does(capsys):
+    code, out, _ = _run(capsys, "--help")
+    assert code == 0 and out.startswith("usage: python -m repro.shards [-h] {pack,verify} ...")
+    words = " ".join(out.split())  # argparse wraps to the terminal's width
+    assert "`python -m repro.shards pack SRC DEST [--shard-size 256MB]" in words  # the docstring
+    assert "pack an image folder or CIFAR-10 into shards" in words
+    assert "check every shard against the manifest" in words
+    code, out, _ = _run(capsys, "pack", "--help")
+    assert code == 0 and out.startswith("usage: python -m repro.shards pack [-h]")
+    for said in (
+        "an image folder (train/<class>/...) or CIFAR-10's folder",
+        "the new folder of shards (must not exist)",
+        "bytes per shard (256MB)",
+        "the packing shuffle's seed",
+        "store decoded pixels (.npy), not the image",
+    ):
+        assert said in " ".join(out.split()), said
+    code, out, _ = _run(capsys, "verify", "--help")
+    for said in (
+        "a folder of shards or s3://bucket/prefix",
+        "an S3-compatible endpoint",
+        "where s3 shards are cached",
+    ):
+        assert said in " ".join(out.split()), said
+    code, _, err = _run(capsys)
+    assert code == 2 and "the following arguments are required: command" in err
+
+
+def test_verify_names_the_manifest_it_could_not_read(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text('{"format": "other"}')
+    code, out, err = _run(capsys, "verify", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {tmp_path}/manifest.json: not a shard manifest (format 'other'")
