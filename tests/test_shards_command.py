@@ -160,10 +160,11 @@ def test_verify_from_s3_fetches_every_shard_and_keeps_them(images, tmp_path, cap
     assert sorted(p.name for p in cache.rglob("*.tar")) == sorted(s.name for s in shards)
 
 
-def test_the_help_says_what_each_command_and_option_does(capsys):
+def test_the_help_says_what_each_command_and_option_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps to the terminal's width
     code, out, _ = _run(capsys, "--help")
     assert code == 0 and out.startswith("usage: python -m repro.shards [-h] {pack,verify} ...")
-    words = " ".join(out.split())  # argparse wraps to the terminal's width
+    words = " ".join(out.split())
     assert "`python -m repro.shards pack SRC DEST [--shard-size 256MB]" in words  # the docstring
     assert "pack an image folder or CIFAR-10 into shards" in words
     assert "check every shard against the manifest" in words
