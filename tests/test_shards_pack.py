@@ -248,3 +248,32 @@ def test_a_destination_that_exists_is_refused_and_a_failed_pack_leaves_nothing(t
     with pytest.raises(DataError):
         pack(root, tmp_path / "broken", pixels=True)
     assert not (tmp_path / "broken").exists() and not (tmp_path / ".broken.partial").exists()
+
+
+def test_a_cifar_batch_is_read_as_python_2_wrote_it_and_nothing_else_is_imported(tmp_path):
+    # CIFAR-10's batches were pickled by Python 2: their keys are str there, bytes here.
+    python2 = b"\x80\x02}q\x00U\x06labelsq\x01]q\x02K\x01as."
+    (tmp_path / "batch").write_bytes(python2)
+    assert packing.load_cifar_batch(tmp_path / "batch") == {b"labels": [1]}
+    (tmp_path / "code").write_bytes(b"\x80\x02cos\nsystem\nq\x00.")
+    with pytest.raises(DataError) as refused:
+        packing.load_cifar_batch(tmp_path / "code")
+    assert (
+        str(refused.value)
+        == f"{tmp_path / 'code'}: holds os.system, not CIFAR-10's arrays; refused"
+    )
+    (tmp_path / "link").symlink_to(tmp_path / "batch")
+    with pytest.raises(DataError) as linked:
+        packing.load_cifar_batch(tmp_path / "link")
+    assert str(linked.value).startswith(f"{tmp_path / 'link'}: ")
+
+
+def test_pixels_that_cannot_be_decoded_name_their_file_or_say_an_image(tmp_path):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"no image")
+    with pytest.raises(DataError) as named:
+        packing.as_pixels(("png", bad, 0))
+    assert str(named.value) == f"{bad}: not a readable image (UnidentifiedImageError)"
+    with pytest.raises(DataError) as made:
+        packing.as_pixels(("png", b"no image", 0))
+    assert str(made.value) == "an image: not a readable image (UnidentifiedImageError)"
