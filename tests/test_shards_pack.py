@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from repro.errors import DataError
+from repro.errors import DataError, StorageError
 from repro.shards import pack as packing
 from repro.shards.dataset import decode_bytes
 from repro.shards.format import parse_manifest
@@ -277,3 +277,41 @@ def test_pixels_that_cannot_be_decoded_name_their_file_or_say_an_image(tmp_path)
     with pytest.raises(DataError) as made:
         packing.as_pixels(("png", b"no image", 0))
     assert str(made.value) == "an image: not a readable image (UnidentifiedImageError)"
+
+
+def test_a_cifar_batch_with_more_labels_than_images_is_one_line(tmp_path):
+    root = tmp_path / "c"
+    _cifar(root)
+    with (root / "test_batch").open("wb") as handle:
+        pickle.dump({b"data": np.zeros((2, 3072), dtype=np.uint8), b"labels": [0, 1, 0]}, handle)
+    with pytest.raises(DataError, match=r"test_batch: not laid out as a CIFAR-10 batch \(Value"):
+        packing.cifar10(root)
+
+
+def test_a_shard_after_a_cut_starts_empty():
+    items = [("png", b"x" * n, 0) for n in (5000, 100, 100)]
+    # 100 + 1536 + 100 = 1736: the two small items share the shard after the large one's.
+    assert [[len(i[1]) for i in s] for s in packing._cut(items, 1736)] == [[5000], [100, 100]]
+
+
+def test_pack_shuffles_with_seed_0_by_default_and_makes_missing_parent_folders(tmp_path):
+    root = _tree(tmp_path / "src", splits=("train",))
+    default = pack(root, tmp_path / "a" / "b" / "default", 3000)
+    assert default.read_bytes() == pack(root, tmp_path / "zero", 3000, seed=0).read_bytes()
+    assert default.read_bytes() != pack(root, tmp_path / "one", 3000, seed=1).read_bytes()
+
+
+def test_a_destination_that_cannot_be_made_or_an_image_that_is_no_file_is_one_line(tmp_path):
+    root = _tree(tmp_path / "src", splits=("train",))
+    (tmp_path / "file.txt").write_text("a file, not a folder")
+    with pytest.raises(StorageError) as unwritable:
+        pack(root, tmp_path / "file.txt" / "out")
+    assert str(unwritable.value).startswith(
+        f"cannot write {tmp_path / 'file.txt' / '.out.partial'}: "
+    )
+    fifo = root / "train" / "cat" / "pipe.png"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError) as special:
+        pack(root, tmp_path / "out")
+    assert str(special.value).startswith(f"{fifo}: ")
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()
