@@ -5,6 +5,7 @@ it is kept, and what the cache keeps within its bound."""
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ def test_a_path_or_file_url_is_a_local_store_and_s3_an_object_store(tmp_path, mo
     assert (remote.url, remote.bucket) == ("s3://bucket/some/prefix", "bucket")
     assert remote.prefix == "some/prefix"
     assert remote.endpoint_url == "http://e" and remote.limit == 2 * (1 << 30)
+    assert remote.cache.parent == tmp_path / "c"
     assert remote.key("m.json") == "some/prefix/m.json"
     assert S3Store("s3://bucket", None, 1.0, None).key("m.json") == "m.json"
 
@@ -174,4 +176,30 @@ def test_a_cached_shard_is_fresh_only_at_the_manifests_size(tmp_path):
     (tmp_path / "a.tar").write_bytes(data)
     assert store._fresh(tmp_path / "a.tar", _shard("a.tar", data))
     (tmp_path / "b.tar").symlink_to(tmp_path / "a.tar")
-    assert not store._fresh(tmp_path / "b.tar", _shard("b.tar", b"x" * 2))
+    # A link in the cache is no cached shard, even to a file of the right size.
+    assert not store._fresh(tmp_path / "b.tar", _shard("b.tar", data))
+
+
+def test_a_download_is_kept_with_its_mode_in_a_cache_folder_made_for_it(bucket, tmp_path):
+    data = b"s" * 300
+    bucket.put_object(Bucket="bkt", Key="p/a.tar", Body=data)
+    remote = S3Store("s3://bkt/p", str(tmp_path / "deep" / "er"), 1.0, None)
+    remote.limit = 100  # smaller than the shard: the one just fetched is kept all the same
+    umask = os.umask(0o022)  # the usual one: 0o644 stays 0o644
+    try:
+        path = remote.path(_shard("a.tar", data))
+    finally:
+        os.umask(umask)
+    assert path.read_bytes() == data and path.parent.parent.parent == tmp_path / "deep"
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_eviction_stops_as_soon_as_the_cache_fits(tmp_path):
+    remote = S3Store("s3://bkt/p", str(tmp_path), 1.0, None)
+    remote.cache.mkdir(parents=True)
+    for age, (name, size) in enumerate((("old.tar", 50), ("mid.tar", 300), ("new.tar", 100))):
+        (remote.cache / name).write_bytes(b"x" * size)
+        store.os.utime(remote.cache / name, (1000 + age, 1000 + age))
+    remote.limit = 150
+    remote._evict(keep=remote.cache / "new.tar")
+    assert [p.name for p in remote.cache.glob("*.tar")] == ["new.tar"]
