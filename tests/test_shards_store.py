@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -203,3 +204,75 @@ def test_eviction_stops_as_soon_as_the_cache_fits(tmp_path):
     remote.limit = 150
     remote._evict(keep=remote.cache / "new.tar")
     assert [p.name for p in remote.cache.glob("*.tar")] == ["new.tar"]
+
+
+def test_the_client_has_bounded_timeouts_and_retries_and_the_stores_endpoint(tmp_path, monkeypatch):
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    remote = S3Store("s3://bkt/XdataX/", str(tmp_path), 1.0, "http://127.0.0.1:9000")
+    assert (remote.url, remote.prefix) == ("s3://bkt/XdataX", "XdataX")
+    client = remote.client()
+    config = client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (5, 60)
+    assert config.retries["total_max_attempts"] == 4  # botocore counts the first try too
+    assert client.meta.endpoint_url == "http://127.0.0.1:9000"
+
+
+def test_without_boto3_the_store_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    with pytest.raises(DataError) as missing:
+        S3Store("s3://bkt/p", str(tmp_path), 1.0, None).client()
+    assert str(missing.value) == (
+        "data.root=s3://bkt/p: needs boto3 (install the s3 extra: uv sync --extra s3)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("response", "said"),
+    [
+        ({"Error": {"Code": "404"}}, "missing"),
+        ({}, "refused (error)"),
+        ({"Error": {}}, "refused (error)"),
+        ({"Error": {"Code": "AccessDenied"}}, "refused (AccessDenied)"),
+    ],
+)
+def test_each_answer_of_the_server_is_named(tmp_path, monkeypatch, response, said):
+    botocore = pytest.importorskip("botocore.exceptions")
+    remote = S3Store("s3://bkt/p", str(tmp_path), 1.0, None)
+
+    class Client:
+        def get_object(self, **kwargs):
+            raise botocore.ClientError(response, "GetObject")
+
+    monkeypatch.setattr(remote, "client", Client)
+    with pytest.raises(DataError) as refused:
+        remote.manifest()
+    assert str(refused.value) == f"s3://bkt/p/manifest.json: {said}"
+
+
+def test_a_download_that_breaks_off_or_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    botocore = pytest.importorskip("botocore.exceptions")
+    remote = S3Store("s3://bkt/p", str(tmp_path), 1.0, None)
+
+    class Broken:
+        def read(self, size):
+            raise botocore.ReadTimeoutError(endpoint_url="http://s3")
+
+    monkeypatch.setattr(remote, "_get", lambda name: Broken())
+    with pytest.raises(DataError) as broken:
+        remote.path(_shard("a.tar", b"data"))
+    assert str(broken.value).startswith("shard s3://bkt/p/a.tar: download failed (Read timeout")
+    monkeypatch.setattr(store.secrets, "token_hex", lambda n: "fixed")
+    (remote.cache / f".a.tar.{os.getpid()}.fixed.part").write_bytes(b"")  # the name is taken
+    with pytest.raises(DataError) as unwritable:
+        remote.path(_shard("a.tar", b"data"))
+    assert str(unwritable.value) == f"shard cache {remote.cache}: File exists"
+
+
+def test_a_shard_that_is_no_regular_file_is_named_by_its_store(tmp_path):
+    os.mkfifo(tmp_path / "a.tar")
+    local = LocalStore(tmp_path)
+    shard = _shard("a.tar", b"")  # a FIFO's size is 0
+    with pytest.raises(DataError) as refused:
+        store.open_shard(local, shard)
+    assert str(refused.value).startswith(f"shard {tmp_path}/a.tar: ")
