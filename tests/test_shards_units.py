@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
+import os
+import pickle
 import re
+import shutil
 import zlib
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +27,10 @@ from repro.runtime.seeding import torch_generator
 from repro.shards import dataset
 from repro.shards.dataset import ShardImages, decode_bytes
 from repro.shards.format import Shard
+from repro.shards.pack import pack
 from repro.shards.store import LocalStore
+
+from conftest import make_image_tree
 
 SHARDS = 10
 
@@ -188,3 +196,102 @@ def test_a_window_of_1_a_config_without_cache_and_a_home_path_are_read(tmp_path,
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(DataError, match=re.escape(f"data.root={tmp_path / 'mine'}: manifest")):
         dataset.shards(_data(root="~/mine"), 0, window=1, cache_gib=1e-9)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """3 classes, train and val, 8 KB shards."""
+    base = tmp_path_factory.mktemp("packed")
+    pack(make_image_tree(base / "images", per_class=4), base / "shards", 8000)
+    return base / "shards"
+
+
+def test_the_builder_gives_each_split_with_its_shards_and_window(packed):
+    splits = dataset.shards(_data(root=str(packed), val_size=2), 0)
+    assert splits.any_size is True and splits.classes == ["bar", "blank", "circle"]
+    assert splits.train.window == 4 and splits.train.name == "train"  # the default window
+    assert (len(splits.train), len(splits.val)) == (12, 12)  # the shards' own val split
+    assert splits.test is splits.val  # no test split: the val split stands in
+    assert splits.train.store.url == str(packed)
+    image, label = splits.train.subset(torch.tensor([2]))[0]
+    assert torch.equal(image, splits.train[2][0]) and label == splits.train[2][1]
+
+
+def test_without_a_val_split_one_is_carved_out_of_train_by_the_seed(packed, tmp_path):
+    only_train = tmp_path / "train_only"
+    pack(make_image_tree(tmp_path / "images", per_class=4, val_per_class=1), only_train, 8000)
+    manifest = json.loads((only_train / "manifest.json").read_text())
+    del manifest["splits"]["val"]
+    (only_train / "manifest.json").write_text(json.dumps(manifest))
+    splits = dataset.shards(_data(root=str(only_train), val_size=3), 5)
+    assert (len(splits.train), len(splits.val)) == (9, 3) and splits.test is splits.val
+    again = dataset.shards(_data(root=str(only_train), val_size=3), 5)
+    assert again.val.rows.tolist() == splits.val.rows.tolist()
+    other = dataset.shards(_data(root=str(only_train), val_size=3), 6)
+    assert other.val.rows.tolist() != splits.val.rows.tolist()
+    with_test = tmp_path / "with_test"
+    manifest["splits"]["test"] = [manifest["splits"]["train"].pop()]
+    shutil.copytree(only_train, with_test)
+    (with_test / "manifest.json").write_text(json.dumps(manifest))
+    tested = dataset.shards(_data(root=str(with_test), val_size=3), 5)
+    assert tested.test.name == "test" and len(tested.test) == len(
+        manifest["splits"]["test"][0]["index"]
+    )
+
+
+def test_a_class_count_that_is_not_the_manifests_is_one_line(packed):
+    assert dataset.shards(_data(root=str(packed), num_classes=3), 0).classes == [
+        "bar",
+        "blank",
+        "circle",
+    ]
+    with pytest.raises(ConfigError) as refused:
+        dataset.shards(_data(root=str(packed), num_classes=4), 0)
+    assert (refused.value.key, refused.value.value) == ("data.num_classes", 4)
+    assert refused.value.allowed == f"{packed} has 3 classes (or null to infer)"
+    with pytest.raises(ConfigError) as memory:
+        dataset.shards(_data(root=str(packed), cache="memory"), 0)
+    assert memory.value.value == "memory"
+
+
+def test_a_bad_manifest_is_named_by_its_place(tmp_path):
+    (tmp_path / "manifest.json").write_text("[]")
+    with pytest.raises(DataError) as refused:
+        dataset.shards(_data(root=str(tmp_path)), 0)
+    assert (
+        str(refused.value) == f"{tmp_path}/manifest.json: not a shard manifest (not a JSON object)"
+    )
+
+
+def test_an_s3_root_reaches_its_store_with_the_cache_and_endpoint_asked(
+    packed, tmp_path, monkeypatch
+):
+    moto = pytest.importorskip("moto")
+    boto3 = pytest.importorskip("boto3")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with moto.mock_aws():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="units")
+        for path in sorted(packed.iterdir()):
+            client.upload_file(str(path), "units", f"d/{path.name}")
+        default = dataset.shards(_data(root="s3://units/d"), 0, cache_dir=str(tmp_path))
+        assert default.train.store.url == "s3://units/d" and default.train.store.limit == 4 << 30
+        assert default.train.store.cache.parent == tmp_path
+        asked = dataset.shards(
+            _data(root="s3://units/d"), 0, cache_dir=str(tmp_path / "c"), cache_gib=0.5
+        )
+        assert (
+            asked.train.store.limit == 1 << 29 and asked.train.store.cache.parent == tmp_path / "c"
+        )
+
+
+def test_a_split_sent_to_a_worker_opens_its_own_files(packed):
+    split = dataset.shards(_data(root=str(packed)), 0).train
+    first = split[0]
+    assert split._open  # a file stays open in this process
+    copy = pickle.loads(pickle.dumps(split))
+    assert copy._open == OrderedDict() and copy._pid == -1
+    assert torch.equal(copy[0][0], first[0]) and copy._pid == os.getpid()
