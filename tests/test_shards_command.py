@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -160,31 +161,35 @@ def test_verify_from_s3_fetches_every_shard_and_keeps_them(images, tmp_path, cap
     assert sorted(p.name for p in cache.rglob("*.tar")) == sorted(s.name for s in shards)
 
 
+def _said(out: str, text: str) -> bool:
+    """Whether a help line ends with `text`, after a space: an option's or command's help."""
+    return any(re.search(rf"(^|\s){re.escape(text)}$", line) for line in out.splitlines())
+
+
 def test_the_help_says_what_each_command_and_option_does(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps to the terminal's width
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps to the terminal's width: no wrapping
     code, out, _ = _run(capsys, "--help")
     assert code == 0 and out.startswith("usage: python -m repro.shards [-h] {pack,verify} ...")
-    words = " ".join(out.split())
-    assert "`python -m repro.shards pack SRC DEST [--shard-size 256MB]" in words  # the docstring
-    assert "pack an image folder or CIFAR-10 into shards" in words
-    assert "check every shard against the manifest" in words
+    assert "`python -m repro.shards pack SRC DEST [--shard-size 256MB]" in out  # the docstring
+    assert _said(out, "pack an image folder or CIFAR-10 into shards")
+    assert _said(out, "check every shard against the manifest")
     code, out, _ = _run(capsys, "pack", "--help")
     assert code == 0 and out.startswith("usage: python -m repro.shards pack [-h]")
-    for said in (
+    for text in (
         "an image folder (train/<class>/...) or CIFAR-10's folder",
         "the new folder of shards (must not exist)",
         "bytes per shard (256MB)",
         "the packing shuffle's seed",
-        "store decoded pixels (.npy), not the image",
+        "store decoded pixels (.npy), not the image files' bytes",
     ):
-        assert said in " ".join(out.split()), said
+        assert _said(out, text), text
     code, out, _ = _run(capsys, "verify", "--help")
-    for said in (
+    for text in (
         "a folder of shards or s3://bucket/prefix",
         "an S3-compatible endpoint",
         "where s3 shards are cached",
     ):
-        assert said in " ".join(out.split()), said
+        assert _said(out, text), text
     code, _, err = _run(capsys)
     assert code == 2 and "the following arguments are required: command" in err
 
