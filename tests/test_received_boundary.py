@@ -417,8 +417,9 @@ def test_a_file_written_in_place_is_never_written_through_a_planted_link(tmp_pat
     else:
         os.mkfifo(path)
     for mode in ("a", "wb"):
-        with bounded(), pytest.raises(OSError):
+        with bounded(), pytest.raises(OSError) as refused:
             open_in_place(path, mode)
+        assert not isinstance(refused.value, TimeoutError)  # refused at once, not waited on
     assert outside.read_text() == "the user's own file\n"
     fresh = tmp_path / "fresh.csv"
     with open_in_place(fresh, "a", newline="") as handle:

@@ -45,13 +45,16 @@ def open_in_place(path: Path, mode: str = "a", newline: str | None = None) -> IO
     a run folder that may come from someone else are: never through a link (`O_NOFOLLOW`),
     never a FIFO or device, never a file with a second hard link (an OSError, which
     `writing` names). Nothing is truncated before those checks."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    # O_NONBLOCK: opening a FIFO to write would otherwise wait forever for a reader; without
+    # one it fails at once (ENXIO), and with one it is refused below as no regular file.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     fd = os.open(path, flags | (os.O_APPEND if "a" in mode else 0), 0o644)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
             why = "not a regular file, or a file with another hard link: refused"
             raise OSError(errno.EPERM, why, str(path))
+        os.set_blocking(fd, True)
         if "w" in mode:
             os.ftruncate(fd, 0)
         return os.fdopen(fd, mode, newline=newline) if "b" not in mode else os.fdopen(fd, mode)
