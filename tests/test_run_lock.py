@@ -98,6 +98,7 @@ def _wait_until_stopped(process: subprocess.Popen, timeout: float = 120) -> None
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # 20 s of launches; test_a_folder_another_process_holds_... keeps it fast
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
 def test_a_second_launch_is_refused_and_a_killed_owner_blocks_nothing(tmp_path):
     # A live owner, stopped (SIGSTOP) at step 3 while holding the folder.
