@@ -186,3 +186,23 @@ def restore_torch_globals():
     torch.backends.cudnn.allow_tf32 = flags["tf32_cudnn"]
     torch.set_num_threads(threads)
     torch.set_rng_state(rng)
+
+
+@pytest.fixture
+def s3_in_process(monkeypatch):
+    """moto's S3 in this process, with credentials it accepts: a boto3 client to fill it."""
+    moto = pytest.importorskip("moto")
+    boto3 = pytest.importorskip("boto3")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with moto.mock_aws():
+        yield boto3.client("s3")
+
+
+def upload(client, folder: Path, bucket: str, prefix: str) -> None:
+    """Every file of `folder` into a new bucket under `prefix/`."""
+    client.create_bucket(Bucket=bucket)
+    for path in sorted(folder.iterdir()):
+        client.upload_file(str(path), bucket, f"{prefix}/{path.name}")

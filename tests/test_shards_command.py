@@ -18,7 +18,7 @@ from repro.shards.command import main
 from repro.shards.format import parse_manifest
 from repro.shards.pack import pack
 
-from conftest import make_image_tree
+from conftest import make_image_tree, upload
 
 
 @pytest.fixture(scope="module")
@@ -140,22 +140,12 @@ def test_verify_reads_the_members_of_a_shard_whose_digest_matches(images, tmp_pa
     )
 
 
-def test_verify_from_s3_fetches_every_shard_and_keeps_them(images, tmp_path, capsys, monkeypatch):
-    moto = pytest.importorskip("moto")
-    boto3 = pytest.importorskip("boto3")
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(key, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+def test_verify_from_s3_fetches_every_shard_and_keeps_them(images, tmp_path, capsys, s3_in_process):
     dest = tmp_path / "shards"
     pack(images, dest, 2000)
-    with moto.mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="kept")
-        for path in sorted(dest.iterdir()):
-            client.upload_file(str(path), "kept", f"data/{path.name}")
-        cache = tmp_path / "cache"
-        code, out, _ = _run(capsys, "verify", "s3://kept/data", "--cache-dir", str(cache))
+    upload(s3_in_process, dest, "kept", "data")
+    cache = tmp_path / "cache"
+    code, out, _ = _run(capsys, "verify", "s3://kept/data", "--cache-dir", str(cache))
     shards = _shards(dest / "manifest.json")
     assert (code, out) == (0, f"s3://kept/data: {len(shards)} shards match the manifest\n")
     assert sorted(p.name for p in cache.rglob("*.tar")) == sorted(s.name for s in shards)

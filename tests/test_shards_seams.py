@@ -14,7 +14,7 @@ from repro.shards.pack import pack
 from repro.shards.store import LocalStore, S3Store
 from test_shards import SHARD_BYTES, SHARDS, _cut_at_new_windows, _split
 
-from conftest import make_image_tree, train_in_process
+from conftest import make_image_tree, train_in_process, upload
 
 WINDOW = 2
 
@@ -97,36 +97,24 @@ def test_a_split_keeps_its_most_recently_read_shards_open_and_closes_the_oldest(
 
 
 def test_the_s3_cache_evicts_the_least_recently_used_shard_not_the_oldest_download(
-    packed, monkeypatch, tmp_path
+    packed, monkeypatch, tmp_path, s3_in_process
 ):
-    moto = pytest.importorskip("moto")
-    pytest.importorskip("boto3")
-    import boto3
+    upload(s3_in_process, packed, "lru", "data")
+    manifest = parse_manifest(LocalStore(packed).manifest(), "here")
+    a, b, c = manifest.splits["train"][:3]
+    room = a.size + b.size + c.size - 1  # two of them fit, never three
+    cache = S3Store("s3://lru/data", str(tmp_path), room / (1 << 30), None)
+    times = iter(range(1_000, 2_000, 10))  # a clock that always moves on
 
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(key, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with moto.mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="lru")
-        for path in sorted(packed.iterdir()):
-            client.upload_file(str(path), "lru", f"data/{path.name}")
-        manifest = parse_manifest(LocalStore(packed).manifest(), "here")
-        a, b, c = manifest.splits["train"][:3]
-        room = a.size + b.size + c.size - 1  # two of them fit, never three
-        cache = S3Store("s3://lru/data", str(tmp_path), room / (1 << 30), None)
-        times = iter(range(1_000, 2_000, 10))  # a clock that always moves on
+    def touch(path, *args, **kwargs):
+        tick = next(times)
+        return original_utime(path, (tick, tick), follow_symlinks=False)
 
-        def touch(path, *args, **kwargs):
-            tick = next(times)
-            return original_utime(path, (tick, tick), follow_symlinks=False)
-
-        original_utime = store.os.utime
-        monkeypatch.setattr(store.os, "utime", touch)
-        for shard in (a, b, a, c):
-            with store.open_shard(cache, shard) as handle:
-                assert len(handle.read()) == shard.size
+    original_utime = store.os.utime
+    monkeypatch.setattr(store.os, "utime", touch)
+    for shard in (a, b, a, c):
+        with store.open_shard(cache, shard) as handle:
+            assert len(handle.read()) == shard.size
     held = sorted(path.name for path in cache.cache.glob("*.tar"))
     # b was used before a's second use: it goes, a stays with the new c.
     assert held == sorted([a.name, c.name])

@@ -78,18 +78,10 @@ def test_a_local_shard_is_read_where_it_is_if_its_size_is_the_manifests(tmp_path
 
 
 @pytest.fixture
-def bucket(monkeypatch):
+def bucket(s3_in_process):
     """moto's S3 in this process, with one bucket: a client to fill it."""
-    moto = pytest.importorskip("moto")
-    boto3 = pytest.importorskip("boto3")
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(key, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with moto.mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="bkt")
-        yield client
+    s3_in_process.create_bucket(Bucket="bkt")
+    return s3_in_process
 
 
 def test_a_shard_is_downloaded_once_checked_whole_and_kept(bucket, tmp_path):

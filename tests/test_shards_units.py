@@ -30,7 +30,7 @@ from repro.shards.format import Shard
 from repro.shards.pack import pack
 from repro.shards.store import LocalStore
 
-from conftest import make_image_tree
+from conftest import make_image_tree, upload
 
 SHARDS = 10
 
@@ -264,28 +264,16 @@ def test_a_bad_manifest_is_named_by_its_place(tmp_path):
 
 
 def test_an_s3_root_reaches_its_store_with_the_cache_and_endpoint_asked(
-    packed, tmp_path, monkeypatch
+    packed, tmp_path, s3_in_process
 ):
-    moto = pytest.importorskip("moto")
-    boto3 = pytest.importorskip("boto3")
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(key, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with moto.mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="units")
-        for path in sorted(packed.iterdir()):
-            client.upload_file(str(path), "units", f"d/{path.name}")
-        default = dataset.shards(_data(root="s3://units/d"), 0, cache_dir=str(tmp_path))
-        assert default.train.store.url == "s3://units/d" and default.train.store.limit == 4 << 30
-        assert default.train.store.cache.parent == tmp_path
-        asked = dataset.shards(
-            _data(root="s3://units/d"), 0, cache_dir=str(tmp_path / "c"), cache_gib=0.5
-        )
-        assert (
-            asked.train.store.limit == 1 << 29 and asked.train.store.cache.parent == tmp_path / "c"
-        )
+    upload(s3_in_process, packed, "units", "d")
+    default = dataset.shards(_data(root="s3://units/d"), 0, cache_dir=str(tmp_path))
+    assert default.train.store.url == "s3://units/d" and default.train.store.limit == 4 << 30
+    assert default.train.store.cache.parent == tmp_path
+    asked = dataset.shards(
+        _data(root="s3://units/d"), 0, cache_dir=str(tmp_path / "c"), cache_gib=0.5
+    )
+    assert asked.train.store.limit == 1 << 29 and asked.train.store.cache.parent == tmp_path / "c"
 
 
 def test_a_split_sent_to_a_worker_opens_its_own_files(packed):
