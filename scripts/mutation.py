@@ -133,6 +133,14 @@ def write_records(records: dict[str, Record], order: list[str], path: Path = SCO
     partial.replace(path)
 
 
+def record_one(module: str, record: Record, order: list[str], path: Path = SCORES) -> None:
+    """Keep one module's figure as soon as it is judged, over the file as it is now: a run cut
+    off keeps the modules it finished, and two runs on different modules keep both."""
+    records = read_records(path)
+    records[module] = record
+    write_records(records, order, path)
+
+
 def measured_here() -> str:
     """When and where a score was measured: the date and the CPU (scores differ by machine
     only in their times)."""
@@ -489,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.record and counted.total:
             seconds = result.get("seconds", 0.0)
             kept = (counted.total, counted.killed, counted.equivalent, seconds, measured_here())
-            records[module] = Record(*kept)
+            record_one(module, Record(*kept), list(table.tests))
         total.total += counted.total
         total.killed += counted.killed
         total.equivalent += counted.equivalent
@@ -504,7 +512,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"note: {note}")
     print("\nAgainst the recorded scores:", *judged, sep="\n  ")
     if args.record:
-        write_records(records, list(table.tests))
         print(f"recorded in {SCORES.relative_to(ROOT)}")
     if failed:
         sys.exit(f"error: mutmut failed on {', '.join(failed)} (logs in mutants/logs/)")

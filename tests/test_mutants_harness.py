@@ -237,6 +237,14 @@ def test_records_round_trip_in_the_tables_order_and_a_stray_one_is_named(tmp_pat
     assert path.read_text().index('"pkg/a.py"') < path.read_text().index('"pkg/b.py"')
     assert not list(tmp_path.glob(".*"))  # the partial file was renamed into place
     assert mutation.read_records(tmp_path / "none.toml") == {}
+    # One module's new figure joins the file as it is now: the others' are kept, not rewritten
+    # from an older view.
+    path.write_text(path.read_text().replace("seconds = 12,", "seconds = 13,"))
+    mutation.record_one("pkg/a.py", mutation.Record(31, 30, 1, 50.0, "now"), ["pkg/a.py"], path)
+    assert mutation.read_records(path) == {
+        "pkg/a.py": mutation.Record(31, 30, 1, 50, "now"),
+        "pkg/b.py": mutation.Record(7, 7, 0, 13, "2026-11-28, 2 cores"),
+    }
     table = mutation.Table((), {"pkg/a.py": ("test_a.py",)})
     assert "pkg/b.py: a recorded score for no module in the table" in mutation.table_problems(
         table, [], root=tmp_path, records=records
