@@ -330,10 +330,12 @@ def test_channels_last_leaves_other_ranks_alone(caplog):
 
     caplog.set_level(logging.INFO, logger="repro.runtime.memory_format")
     fmt = MemoryFormat("channels_last")
+    assert fmt.name == "channels_last"  # what the run's settings record
     flat = torch.zeros(4, 10)
     assert fmt.batch(flat) is flat
     fmt.batch(flat)
-    assert sum("4-D" in r.message for r in caplog.records) == 1
+    said = [r.getMessage() for r in caplog.records if "4-D" in r.message]
+    assert said == ["channels_last applies to 4-D batches; leaving 2-D input as is"]
 
 
 def test_bf16_autocast_is_active_in_training_and_eval(tmp_path, recorded_forward):

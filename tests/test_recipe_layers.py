@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from repro.recipes.layers import GlobalMaxPool
+from repro.recipes.layers import GlobalMaxPool, Scale
 from repro.recipes.resnet9 import ResNet9
 from repro.recipes.whitened_cnn import WhitenedCNN
 
@@ -27,3 +27,11 @@ def test_both_fast_networks_pool_their_heads_through_it():
     for model in (ResNet9(widths=(8, 8, 8, 8)), WhitenedCNN(widths=(8, 8, 8))):
         heads = [m for m in model.modules() if isinstance(m, GlobalMaxPool)]
         assert len(heads) == 1, type(model).__name__
+
+
+def test_scale_multiplies_by_its_factor_and_the_networks_scale_their_logits_down():
+    x = torch.tensor([[1.0, -2.0, 4.0]])
+    assert torch.equal(Scale(0.125)(x), torch.tensor([[0.125, -0.25, 0.5]]))
+    for model in (ResNet9(widths=(8, 8, 8, 8)), WhitenedCNN(widths=(8, 8, 8))):
+        factors = [m.factor for m in model.modules() if isinstance(m, Scale)]
+        assert len(factors) == 1 and 0 < factors[0] < 1, type(model).__name__

@@ -52,3 +52,27 @@ def test_an_error_that_is_not_the_file_systems_is_reported_as_logging_does(tmp_p
     out, err = capsys.readouterr()
     assert out == "" and not handler.refused
     assert "--- Logging error ---" in err and "a bug, not a full disk" in err
+    assert "Message: 'line'" in err  # logging's own report names the record
+
+
+class Console:
+    """A stdout that keeps what was written and whether each write was flushed."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.events.append("write")
+
+    def flush(self) -> None:
+        self.events.append("flush")
+
+
+def test_the_warning_is_flushed_at_once_not_held_behind_the_runs_output(tmp_path, monkeypatch):
+    handler = RunLogFile(tmp_path / "train.log")
+    handler.stream.close()
+    handler.stream = Refusing(OSError(errno.EACCES, "Permission denied"))
+    console = Console()
+    monkeypatch.setattr("sys.stdout", console)
+    handler.emit(_record("line"))
+    assert console.events[-1] == "flush" and "write" in console.events

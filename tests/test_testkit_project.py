@@ -126,3 +126,18 @@ def test_the_plugin_acts_only_where_a_project_asks_and_reads_its_conf(pytester, 
     unasked = pytester.runpytest_inprocess("-q")
     unasked.assert_outcomes(errors=2)
     assert "fixture 'data_option' not found" in unasked.stdout.str()
+
+
+def test_the_kit_stays_off_when_a_project_says_false_and_reads_conf_by_default(pytester, conf):
+    pytester.makepyfile(test_kit=KIT_TEST)
+    shutil.copytree(conf, pytester.path / "conf")
+    pytester.makeini("[pytest]\nrepro_testkit = false\n")  # a bool: "false" is not a yes
+    pytester.runpytest_inprocess("-q").assert_outcomes(errors=2)
+    pytester.makeini("[pytest]\nrepro_testkit = true\n")  # no repro_conf: conf/ is read
+    data = list((conf / "data").glob("*.yaml"))
+    experiments = list((conf / "experiment").glob("*.yaml"))
+    pytester.runpytest_inprocess("-q").assert_outcomes(passed=len(data) + len(experiments))
+    helped = pytester.runpytest_inprocess("--help").stdout.str()
+    assert "repro_testkit (bool):" in helped and "run the repro test kit in this project" in helped
+    assert "repro_conf (string):" in helped
+    assert "the project's conf/ folder, from the rootdir" in helped

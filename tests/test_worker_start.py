@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -74,3 +75,56 @@ def _in_the_main_process(queue) -> None:
 
 def test_without_a_parent_process_to_watch_it_carries_on():
     assert _in_a_child(_in_the_main_process) == (0, "carried on")
+
+
+class Libc:
+    """libc as start_worker loads it, its prctl recorded instead of made."""
+
+    def __init__(self, calls: list, name: object, use_errno: bool) -> None:
+        self.calls = calls
+        calls.append(("load", name, use_errno))
+
+    def prctl(self, option: int, value: int) -> None:
+        self.calls.append(("prctl", option, value))
+
+
+@pytest.fixture
+def steps(monkeypatch) -> list:
+    """start_worker's steps, recorded in this process (its effects are the forked tests')."""
+    calls: list = []
+    monkeypatch.setattr(
+        workers.ctypes, "CDLL", lambda name, use_errno: Libc(calls, name, use_errno)
+    )
+    monkeypatch.setattr(workers, "seed_worker", lambda worker_id: calls.append(("seed", worker_id)))
+    monkeypatch.setattr(workers.multiprocessing, "parent_process", lambda: SimpleNamespace(pid=42))
+    monkeypatch.setattr(workers.os, "getppid", lambda: 42)
+
+    def exit_now(code: int) -> None:
+        calls.append(("exit", code))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(workers.os, "_exit", exit_now)
+    return calls
+
+
+def test_a_worker_asks_to_die_with_its_parent_then_is_seeded(steps):
+    workers.start_worker(7)
+    assert steps == [("load", None, True), ("prctl", 1, signal.SIGKILL), ("seed", 7)]
+
+
+def test_an_orphaned_worker_exits_before_it_is_seeded(steps, monkeypatch):
+    monkeypatch.setattr(workers.os, "getppid", lambda: 1)
+    with pytest.raises(SystemExit):
+        workers.start_worker(7)
+    assert steps == [("load", None, True), ("prctl", 1, signal.SIGKILL), ("exit", 1)]
+
+
+def test_in_the_main_process_or_off_linux_a_worker_is_only_seeded(steps, monkeypatch):
+    monkeypatch.setattr(workers.multiprocessing, "parent_process", lambda: None)
+    monkeypatch.setattr(workers.os, "getppid", lambda: 1)
+    workers.start_worker(2)
+    assert steps[-1] == ("seed", 2) and ("exit", 1) not in steps
+    steps.clear()
+    monkeypatch.setattr(workers.sys, "platform", "darwin")
+    workers.start_worker(3)
+    assert steps == [("seed", 3)]
