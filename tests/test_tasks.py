@@ -357,7 +357,15 @@ def test_multilabel_bce_sums_each_labels_loss_weighs_positives_and_refuses_bad_w
         logits, blended, reduction="none"
     ).sum(1)
     assert torch.allclose(mixed, expected)
-    with pytest.raises(ConfigError, match=r"one number, or one per label \(3\)"):
+    with pytest.raises(ConfigError) as too_few:
         MultilabelBCE(pos_weight=[1.0, 2.0])(logits, Targets(targets))
-    with pytest.raises(ConfigError, match=r"null or positive numbers"):
+    said = "objective.pos_weight=[1.0, 2.0] is not allowed: one number, or one per label (3)"
+    assert str(too_few.value) == said
+    with pytest.raises(ConfigError) as not_positive:
         MultilabelBCE(pos_weight=0.0)
+    said = "objective.pos_weight=0.0 is not allowed: null or positive numbers"
+    assert str(not_positive.value) == said
+    # The weights follow the logits to their device (meta here: a device other than the CPU).
+    on_meta = torch.zeros(2, 3, device="meta")
+    loss = MultilabelBCE(pos_weight=[1.0, 2.0, 3.0])(on_meta, Targets(on_meta))["loss"]
+    assert loss.device.type == "meta" and loss.shape == (2,)
