@@ -12,7 +12,7 @@ from typing import Any
 
 from repro.files import write_text_atomic
 from repro.guards.text import for_csv, for_markdown, for_terminal
-from repro.sweeps.report import Job, Report
+from repro.sweeps.report import Job, Report, number
 from repro.watch.loggers import save_figure_atomic
 
 
@@ -127,23 +127,41 @@ def write(report: Report) -> None:
     plot(report, folder / "sweep.png")
 
 
+def _literal(text: str) -> str:
+    """Text from the jobs' files as matplotlib draws it: as written (a `$` would start math)."""
+    return for_terminal(text).replace("$", r"\$")
+
+
+def plotted_metric(report: Report) -> str | None:
+    """The metric sweep.png shows: the one the finished jobs agree to monitor, else the first
+    of the report's metrics a group holds (val_acc, where the task has one); None if none."""
+    held = [m for m in report.metrics if any(m in group for group in report.groups.values())]
+    monitored = {job.monitor[0] for job in report.jobs if job.counted and job.monitor}
+    if len(monitored) == 1 and (agreed := monitored.pop()) in held:
+        return agreed
+    return held[0] if held else None
+
+
 def plot(report: Report, out: Path) -> None:
-    """Validation accuracy per job, by group, with each group's mean and 95% CI."""
+    """The plotted metric per job, by group, with each group's mean and 95% CI."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(report.groups)
+    metric = plotted_metric(report)
+    names = list(report.groups) if metric else []
     figure, axis = plt.subplots(figsize=(max(4, 1.6 * len(names) + 2), 4))
     for x, name in enumerate(names):
-        accs = [j.summary["val_acc"] for j in report.jobs if j.counted and j.group == name]
-        axis.scatter([x] * len(accs), accs, color="tab:blue", alpha=0.6)
-        s = report.groups[name]["val_acc"]
-        if not math.isnan(s["ci_low"]):
+        counted = [j for j in report.jobs if j.counted and j.group == name]
+        values = [v for j in counted if (v := number(j.summary or {}, metric)) is not None]
+        axis.scatter([x] * len(values), values, color="tab:blue", alpha=0.6)
+        s = report.groups[name].get(metric)
+        if s and not math.isnan(s["ci_low"]):
             spread = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]]
             axis.errorbar(x + 0.15, s["mean"], yerr=spread, fmt="o", color="black", capsize=4)
-    axis.set_xticks(range(len(names)), names, rotation=20, ha="right")
-    axis.set(ylabel="validation accuracy", title="val_acc per job; mean and 95% CI per group")
+    axis.set_xticks(range(len(names)), [_literal(n) for n in names], rotation=20, ha="right")
+    title = f"{metric} per job; mean and 95% CI per group" if metric else "no finished job"
+    axis.set(ylabel=_literal(metric or ""), title=_literal(title))
     axis.grid(alpha=0.3)
     save_figure_atomic(figure, out)
