@@ -33,13 +33,10 @@ class ResNet9(nn.Sequential):
         scale: float = 0.125,
     ) -> None:
         prep, first, second, third = widths
-        # One line per stage, as the network is drawn: prep, layer 1 (+ residual), layer 2,
-        # layer 3 (+ residual), head. The formatter would put each module on its own line.
-        super().__init__(
-            *conv_bn(3, prep),
-            *conv_bn(prep, first), nn.MaxPool2d(2), Residual(first),
-            *conv_bn(first, second), nn.MaxPool2d(2),
-            *conv_bn(second, third), nn.MaxPool2d(2), Residual(third),
-            GlobalMaxPool(), nn.Linear(third, num_classes, bias=False),
-            Scale(scale),
-        )  # fmt: skip
+        # Built in the order the network is drawn: their weights are drawn in that order.
+        stem = conv_bn(3, prep)
+        layer1 = [*conv_bn(prep, first), nn.MaxPool2d(2), Residual(first)]
+        layer2 = [*conv_bn(first, second), nn.MaxPool2d(2)]
+        layer3 = [*conv_bn(second, third), nn.MaxPool2d(2), Residual(third)]
+        head = [GlobalMaxPool(), nn.Linear(third, num_classes, bias=False), Scale(scale)]
+        super().__init__(*stem, *layer1, *layer2, *layer3, *head)
