@@ -5,6 +5,7 @@ the choices an experiment asks for that do not run, and the plugin acting only w
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -138,6 +139,8 @@ def test_the_kit_stays_off_when_a_project_says_false_and_reads_conf_by_default(p
     experiments = list((conf / "experiment").glob("*.yaml"))
     pytester.runpytest_inprocess("-q").assert_outcomes(passed=len(data) + len(experiments))
     helped = pytester.runpytest_inprocess("--help").stdout.str()
-    assert "repro_testkit (bool):" in helped and "run the repro test kit in this project" in helped
-    assert "repro_conf (string):" in helped
-    assert "the project's conf/ folder, from the rootdir" in helped
+    assert re.search(
+        r"\n  repro_testkit \(bool\):\s+run the repro test kit in this project\n", helped
+    )
+    said = r"\n  repro_conf \(string\):\s+the project's conf/ folder, from the rootdir\n"
+    assert re.search(said, helped)
