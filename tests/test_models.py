@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from repro.models.resnet_cifar import BasicBlock, ResNetCifar, resnet18_cifar
-from repro.models.small_cnn import SmallCNN
+from repro.models.small_cnn import SmallCNN, conv_bn_relu
 from repro.recipes.layers import Scale
 from repro.recipes.resnet9 import Residual, ResNet9
 
@@ -73,6 +73,7 @@ def test_the_small_cnns_defaults():
     head = [("avgpool", 1), ("Flatten",), ("dropout", 0.0), ("linear", 128, 10, True)]
     shapes = zip((3, *widths[:-1]), widths, (1, 2, 2, 2), strict=True)
     assert leaves(SmallCNN()) == stages(True, *shapes) + head
+    assert [spec(layer) for layer in conv_bn_relu(3, 4, 2)] == stages(True, (3, 4, 2))
 
 
 def block(cin: int, cout: int, stride: int) -> list[tuple]:
