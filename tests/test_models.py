@@ -3,6 +3,7 @@ run's weights, so it must be deliberate (and named by `python -m repro.verify --
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -158,3 +159,16 @@ def test_resnet9_draws_its_weights_in_the_order_the_network_is_drawn():
     assert len(drawn) == len(list(model.parameters()))
     for ours, theirs in zip(model.parameters(), drawn, strict=True):
         assert torch.equal(ours, theirs)
+
+
+def test_a_block_projects_its_shortcut_when_it_strides_or_changes_width():
+    for cin, cout, stride in ((4, 4, 2), (4, 8, 1), (4, 8, 2)):
+        assert block(cin, cout, stride)[-2:] == [conv(cin, cout, stride, size=1), ("bn", cout)]
+        assert leaves(BasicBlock(cin, cout, stride)) == block(cin, cout, stride)
+    assert leaves(BasicBlock(4, 4, 1))[-1] == ("Identity",)
+
+
+def test_blocks_and_widths_must_pair_up_and_resnet18_defaults_to_ten_classes():
+    with pytest.raises(ValueError):
+        ResNetCifar(blocks=(1, 1, 1), widths=(4, 8))
+    assert leaves(resnet18_cifar())[-1] == ("linear", 512, 10, True)
