@@ -55,6 +55,8 @@ def test_the_splits_pixels_come_from_the_generator_seed_and_the_run_seed_picks_v
 
     split = rows(data.train.images, data.train.labels) + rows(data.val.images, data.val.labels)
     assert sorted(split) == rows(pool_images, pool_targets)  # the pool, each with its target
+    again = synthetic_multilabel(_cfg(), split_seed=1)
+    assert torch.equal(again.val.images, data.val.images)  # the run's seed, nothing else
     other = synthetic_multilabel(_cfg(), split_seed=2)
     assert torch.equal(other.test.images, data.test.images)
     assert not torch.equal(other.val.images, data.val.images)
