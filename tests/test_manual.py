@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 
-manual = importlib.import_module("repro.manual.__main__")
+manual = importlib.import_module("repro.manual.command")
 
 
 def test_the_checkouts_docs_are_listed_with_their_titles(capsys):

@@ -19,7 +19,7 @@ OWN_FILES = {
     "runtime/environment.py": "this machine's /proc/cpuinfo and this checkout's uv.lock",
     "runs/run_lock.py": "this machine's /proc/self/mountinfo",
     "runs/trust.py": "the trusted YAML of this checkout's conf/ (git ls-files)",
-    "manual/__main__.py": "the docs installed with the engine",
+    "manual/command.py": "the docs installed with the engine",
     "verify/upgrade.py": "the user's own project's pyproject.toml",
     "verify/explain.py": "the user's own project's pyproject.toml and README",
     "testkit/project.py": "the user's own project's conf/experiment/*.yaml",

@@ -1,53 +1,7 @@
-"""`python -m repro.manual [NAME]`: where the engine's docs are and what each covers; with a
-NAME (`sweeps`, `README`), that page, printed. In a project: `make docs [ARGS=NAME]`."""
-
-from __future__ import annotations
+"""`python -m repro.manual [NAME]`: the command lives in repro.manual.command."""
 
 import sys
-from pathlib import Path
 
-from repro.errors import UserError, exit_with
+from repro.manual.command import main
 
-# In the wheel, hatch puts README.md and docs/ here; in a template checkout they are at its root.
-SHIPPED = Path(__file__).resolve().parent / "docs"
-CHECKOUT = Path(__file__).resolve().parents[3] / "docs"
-
-
-def folder() -> Path:
-    for candidate in (SHIPPED, CHECKOUT):
-        if (candidate / "architecture.md").is_file():
-            return candidate
-    raise UserError(f"the engine's docs are neither in {SHIPPED} nor in {CHECKOUT}")
-
-
-def pages(where: Path) -> dict[str, Path]:
-    """Name -> file: README (the template's README) and every docs/*.md."""
-    found = {path.stem: path for path in sorted(where.glob("*.md"))}
-    readme = where / "README.md" if (where / "README.md").is_file() else where.parent / "README.md"
-    return {"README": readme, **found} if readme.is_file() else found
-
-
-def title(path: Path) -> str:
-    first = next((line for line in path.read_text().splitlines() if line.startswith("# ")), "")
-    return first.removeprefix("# ").strip()
-
-
-def main(argv: list[str]) -> None:
-    try:
-        where = folder()
-        found = pages(where)
-        if not argv:
-            print(f"the engine's docs: {where}  (python -m repro.manual NAME prints one)")
-            for name, path in found.items():
-                print(f"  {name:<16} {title(path)}")
-            return
-        name = argv[0].removesuffix(".md")
-        if name not in found:
-            raise UserError(f"no page named {argv[0]!r}; the pages: {', '.join(found)}")
-        sys.stdout.write(found[name].read_text())
-    except UserError as error:
-        exit_with(error)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+main(sys.argv[1:])
