@@ -41,6 +41,27 @@ def test_the_memory_format_of_the_weights_leaves_the_hash_alone():
     assert weights_sha256(model.to(memory_format=torch.channels_last)) == plain
 
 
+def test_the_bytes_of_a_model_off_the_host_are_gathered_into_one_copy(monkeypatch):
+    asked = []
+
+    def recorded(tensors, gather):
+        asked.append(gather)
+        return [torch.zeros(0, dtype=torch.uint8) for _ in tensors]
+
+    monkeypatch.setattr(metrics, "host_bytes", recorded)
+    weights_sha256(nn.Linear(2, 2))
+    weights_sha256(nn.Linear(2, 2, device="meta"))  # a device other than the CPU
+    assert asked == [False, True]
+
+
+def test_gathered_bytes_are_views_of_one_copy_and_others_each_their_own():
+    tensors = [torch.ones(3), torch.zeros(2, 2)]
+    storages = {part.untyped_storage().data_ptr() for part in host_bytes(tensors, True)}
+    assert len(storages) == 1
+    storages = {part.untyped_storage().data_ptr() for part in host_bytes(tensors, False)}
+    assert len(storages) == 2
+
+
 @pytest.mark.parametrize("gather", [True, False])
 def test_host_bytes_are_each_tensors_logical_bytes_gathered_or_not(gather):
     tensors = [torch.arange(6.0).reshape(2, 3).t(), torch.tensor([1, 2], dtype=torch.int16)]
@@ -49,6 +70,8 @@ def test_host_bytes_are_each_tensors_logical_bytes_gathered_or_not(gather):
     assert [part.numpy().tobytes() for part in found] == expected
     assert all(part.dtype == torch.uint8 and part.device.type == "cpu" for part in found)
     assert host_bytes([], gather) == []
+    (alone,) = host_bytes([torch.ones(2, dtype=torch.float16)], gather)
+    assert alone.numpy().tobytes() == torch.ones(2, dtype=torch.float16).numpy().tobytes()
 
 
 def test_throughput_is_images_a_second_and_the_share_of_time_spent_waiting(monkeypatch):
@@ -62,3 +85,5 @@ def test_throughput_is_images_a_second_and_the_share_of_time_spent_waiting(monke
     counter.reset()
     assert (counter.images, counter.waiting, counter.start) == (0, 0.0, 14.0)
     assert counter.read() == (0.0, 0.0)  # no time passed: no division by zero
+    counter.waited(0.0, 10)
+    assert counter.read() == (10 / 1e-9, 0.0)  # a nanosecond at least
