@@ -210,3 +210,16 @@ def test_hydras_launcher_line_reaches_the_terminal_escaped(capsys):
         assert "\x1b" not in out and "\x07" not in out, section
         assert r"lr=\x1b[2J\x1b]0;title\x07" in out and "\t#0 : " in out, section
     logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+
+
+def test_the_log_filter_escapes_each_line_and_cell_and_keeps_our_tabs_and_newlines():
+    import logging
+
+    from repro.guards.text import EscapingFilter
+
+    record = logging.makeLogRecord({"msg": "%s\t%s", "args": ("job\x1b[2J", "a\nb\x07\tc")})
+    assert EscapingFilter().filter(record) is True
+    assert record.getMessage() == "job\\x1b[2J\ta\nb\\x07\tc" and record.args == ()
+    plain = logging.makeLogRecord({"msg": "step %d\tloss %s\nnext", "args": (3, "0.5")})
+    EscapingFilter().filter(plain)
+    assert (plain.msg, plain.args) == ("step %d\tloss %s\nnext", (3, "0.5"))  # left as it was
