@@ -312,3 +312,36 @@ def test_a_commands_warnings_reach_stderr_in_its_format_and_its_info_does_not(
     logging.getLogger("repro.export").info("steps taken")
     logging.getLogger("repro.export").warning("the file is large")
     assert capsys.readouterr().err == line
+
+
+def _composition_error(cause: Exception, kind: type | None = None) -> Exception:
+    from hydra.errors import ConfigCompositionException
+
+    error = (kind or ConfigCompositionException)("Hydra's several lines")
+    error.__cause__ = cause
+    return error
+
+
+def _missing_key(node, key: str, full_key: str):
+    from omegaconf.errors import ConfigKeyError
+
+    cause = ConfigKeyError(f"Key '{key}' is not in struct")
+    cause.parent_node, cause.key, cause.full_key = node, key, full_key
+    return cause
+
+
+def test_only_hydras_error_about_a_key_its_node_lacks_becomes_our_line():
+    from omegaconf import OmegaConf
+
+    trainer = OmegaConf.create({"epochs": 3})
+    lacking = _missing_key(trainer, "epoch", "trainer.epoch")
+    said = composition.unknown_override(_composition_error(lacking))
+    assert str(said) == "trainer.epoch: not a key of trainer; did you mean trainer.epochs?"
+    assert composition.unknown_override(_composition_error(lacking, ValueError)) is None
+    assert composition.unknown_override(_composition_error(ValueError("other"))) is None
+    present = _missing_key(trainer, "epochs", "trainer.epochs")
+    assert composition.unknown_override(_composition_error(present)) is None
+    in_a_list = _missing_key(OmegaConf.create([1, 2]), "x", "widths.x")
+    assert composition.unknown_override(_composition_error(in_a_list)) is None
+    no_key = _missing_key(trainer, None, "trainer")
+    assert composition.unknown_override(_composition_error(no_key)) is None
