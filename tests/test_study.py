@@ -5,7 +5,9 @@ best parameters, and a job's reports and pruning."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -148,7 +150,8 @@ def _reporting(tmp_path: Path, threshold: float) -> tuple[ReportToStudy, optuna.
     return report, study
 
 
-def test_each_evaluation_is_reported_at_its_step_and_a_pruned_trial_stops_the_run(tmp_path):
+def test_each_evaluation_is_reported_at_its_step_and_a_pruned_trial_stops_the_run(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="repro.search.trial")
     report, study = _reporting(tmp_path, threshold=0.5)
     loop = Loop()
     report.after_evaluation(loop, {"step": 4, "val_acc": 0.8}, None)
@@ -156,6 +159,8 @@ def test_each_evaluation_is_reported_at_its_step_and_a_pruned_trial_stops_the_ru
     assert loop.stopped == [] and report.pruned_at is None
     report.after_evaluation(loop, {"step": 8, "val_acc": 0.2}, None)
     assert loop.stopped == ["pruned by optuna at step 8"] and report.pruned_at == 8
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.search.trial"]
+    assert said == ["trial 0 pruned at step 8 (val_acc 0.2000)"]
     [trial] = study.get_trials(deepcopy=False)
     assert trial.intermediate_values == {4: 0.8, 8: 0.2}
     summary: dict = {}
@@ -177,3 +182,33 @@ def test_only_the_main_rank_reports_and_a_complete_trial_ends_unpruned(tmp_path)
     summary: dict = {"step": 2}
     report.at_end(Loop(), summary)
     assert summary == {"step": 2, "pruned": False}
+
+
+@pytest.fixture
+def in_a_multirun(tmp_path, monkeypatch):
+    """This process as job 1 of a study sweep: Hydra's config says so, as in a launched job."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from repro.search import trial
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = open_study(url, "search", direction="maximize")
+    study.ask(), study.ask()  # trials 0 and 1, as the sweeper asks before launching
+    pruner = {"_target_": "optuna.pruners.ThresholdPruner", "lower": 0.5}
+    sweeper = {"storage": url, "study_name": "search", "objective": {"metric": "val_acc"}}
+    hydra = {"mode": RunMode.MULTIRUN, "job": {"num": 1}, "sweeper": {**sweeper, "pruner": pruner}}
+    job = OmegaConf.create(hydra)
+    launched = SimpleNamespace(initialized=lambda: True, get=lambda: job)
+    monkeypatch.setattr(trial, "HydraConfig", launched)
+    return study
+
+
+def test_in_a_multirun_job_n_reports_to_trial_n_with_the_sweepers_pruner(in_a_multirun):
+    report = ReportToStudy()
+    assert report.trial is not None and report.trial.number == 1 and report.metric == "val_acc"
+    loop = Loop()
+    report.after_evaluation(loop, {"step": 3, "val_acc": 0.25}, None)
+    assert loop.stopped == ["pruned by optuna at step 3"]  # the threshold pruner's doing
+    trials = in_a_multirun.get_trials(deepcopy=False)
+    assert [t.intermediate_values for t in trials] == [{}, {3: 0.25}]

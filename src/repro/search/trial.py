@@ -54,8 +54,8 @@ class ReportToStudy:
         if distributed.broadcast(prune, loop.dist):
             self.pruned_at = int(row["step"])
             loop.stop(f"pruned by optuna at step {self.pruned_at}")
-            log.info("trial %d pruned at step %d (%s %.4f)", self.trial.number, self.pruned_at,
-                     self.metric, row[self.metric])  # fmt: skip
+            said = f"{self.metric} {row[self.metric]:.4f}"
+            log.info("trial %d pruned at step %d (%s)", self.trial.number, self.pruned_at, said)
 
     def at_end(self, loop: Any, summary: dict[str, Any]) -> None:
         if self.trial is not None:
