@@ -195,6 +195,7 @@ def in_a_multirun(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path}/study.db"
     study = open_study(url, "search", direction="maximize")
     study.ask(), study.ask()  # trials 0 and 1, as the sweeper asks before launching
+    open_study(url, "another search", direction="maximize")  # the name picks ours
     pruner = {"_target_": "optuna.pruners.ThresholdPruner", "lower": 0.5}
     sweeper = {"storage": url, "study_name": "search", "objective": {"metric": "val_acc"}}
     hydra = {"mode": RunMode.MULTIRUN, "job": {"num": 1}, "sweeper": {**sweeper, "pruner": pruner}}
