@@ -25,7 +25,7 @@ def gpu(monkeypatch):
         return state["bf16"] and (including_emulation or state["native"])
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", bf16_supported)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Old GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"Old GPU {device}")
     return state
 
 
@@ -62,7 +62,7 @@ def test_emulated_bf16_is_named_with_the_gpu_and_what_is_faster(gpu, caplog):
         emulated = Precision("bf16", GPU)
     assert emulated.emulated and emulated.device == GPU
     assert caplog.messages == [
-        "amp=bf16 on Old GPU runs emulated (no native bf16 on this GPU) and slowly; "
+        "amp=bf16 on Old GPU cuda:0 runs emulated (no native bf16 on this GPU) and slowly; "
         "amp=fp16 or amp=off is faster here"
     ]
     caplog.clear()
