@@ -65,6 +65,11 @@ def test_a_workers_error_is_its_own_last_line(message):
     assert one_line(DataError(message)) == message  # raised here: as it is
 
 
+def test_a_workers_last_line_of_another_error_type_is_kept_whole():
+    wrapped = WORKER.replace("repro.errors.DataError: {message}", "KeyError: 'label 3'")
+    assert one_line(DataError(wrapped)) == "KeyError: 'label 3'"
+
+
 def test_a_refused_write_names_the_path_the_cause_and_its_code():
     full = OSError(errno.ENOSPC, "No space left on device")
     assert str(StorageError("/runs/a", full)) == (
