@@ -34,6 +34,7 @@ def block(marker: str) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # a whole README walkthrough: 13-15 s, in make test-all
 def test_the_bring_your_own_commands_train(tmp_path):
     model_code = block("byo-model")
     module_name = re.match(r"# (\w+\.py)\n", model_code).group(1)

@@ -30,6 +30,7 @@ SMALL = [
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # a whole README walkthrough: 13-15 s, in make test-all
 def test_the_fine_tuning_walkthrough_runs_as_written(tmp_path):
     images = make_image_tree(tmp_path / "images", per_class=8, val_per_class=4, side=16)
     weights = tmp_path / "resnet18.safetensors"
