@@ -144,3 +144,35 @@ def test_the_kit_stays_off_when_a_project_says_false_and_reads_conf_by_default(p
     )
     said = r"\n  repro_conf \(string\):\s+the project's conf/ folder, from the rootdir\n"
     assert re.search(said, helped)
+
+
+IDS_TEST = """
+def test_each_stateful_option(stateful_option, repro_project):
+    assert repro_project.runs._scratch is not None  # pytest's own folder, not a temporary one
+
+
+def test_each_objective(objective_option):
+    pass
+"""
+
+
+def test_each_option_is_a_test_named_by_it_and_the_runs_go_under_pytests_folder(pytester, conf):
+    pytester.makepyfile(test_kit=IDS_TEST)
+    shutil.copytree(conf, pytester.path / "conf")
+    (pytester.path / "conf" / "callbacks").mkdir(exist_ok=True)
+    (pytester.path / "conf" / "callbacks" / "mine.yaml").write_text("{}\n")
+    pytester.makeini("[pytest]\nrepro_testkit = true\n")
+    collected = pytester.runpytest_inprocess("--collect-only", "-q").stdout.lines
+    found = _stateful(pytester.path / "conf")
+    stateful = [f"test_kit.py::test_each_stateful_option[{o}]" for o in found]
+    objectives = sorted(p.stem for p in (conf / "objective").glob("*.yaml"))
+    named = [f"test_kit.py::test_each_objective[{o}]" for o in objectives]
+    assert [line for line in collected if line.startswith("test_kit.py::")] == stateful + named
+    pytester.runpytest_inprocess("-q", "-k", "stateful").assert_outcomes(passed=len(stateful))
+
+
+def _stateful(conf: Path) -> list[str]:
+    found = []
+    for group in ("callbacks", "components"):
+        found += [f"{group}={p.stem}" for p in sorted((conf / group).glob("*.yaml"))]
+    return found
