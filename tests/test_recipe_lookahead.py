@@ -126,3 +126,38 @@ def test_a_checkpoint_from_before_components_resumes_its_lookahead(tmp_path):
     fresh = Lookahead(model(), 10, every=3)
     Callbacks(components={"lookahead": fresh}).load_components({"lookahead": written.state_dict()})
     assert all(torch.equal(a, b) for a, b in zip(fresh.slow, written.slow, strict=True))
+
+
+def test_the_defaults_and_the_edges_of_each_setting():
+    net = model()
+    plain = Lookahead(net, total_steps=10)
+    assert (plain.every, plain.decay, plain.ramp) == (5, 0.5, "constant")
+    assert Lookahead(net, 10, every=1, decay=0.0).every == 1  # every step; a full pull
+    refused = {
+        "every": (0, True, 2.0),
+        "decay": (1.0, -0.1),
+        "ramp": ("linear",),
+    }
+    said = {
+        "every": "allowed: an integer >= 1 (steps between pulls)",
+        "decay": "allowed: a number in [0, 1)",
+        "ramp": "allowed: constant | cubic",
+    }
+    for setting, values in refused.items():
+        for value in values:
+            with pytest.raises(ValueError) as error:
+                Lookahead(net, 10, **{setting: value})
+            assert str(error.value) == f"{setting}={value!r}: {said[setting]}"
+
+
+def test_as_a_component_it_pulls_after_the_loops_optimizer_steps():
+    from types import SimpleNamespace
+
+    net = model()
+    lookahead = Lookahead(net, total_steps=4, every=2, decay=0.5)
+    start = snapshot(net)
+    train_a_little(net)
+    trained = snapshot(net)
+    lookahead.after_step(SimpleNamespace(state=SimpleNamespace(position=SimpleNamespace(step=2))))
+    weight = net.state_dict()["0.weight"]
+    assert torch.allclose(weight, 0.5 * start["0.weight"] + 0.5 * trained["0.weight"])
