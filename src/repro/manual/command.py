@@ -21,9 +21,10 @@ def folder() -> Path:
 
 
 def pages(where: Path) -> dict[str, Path]:
-    """Name -> file: README (the template's README) and every docs/*.md."""
+    """Name -> file: README first (the one shipped beside the docs, else the checkout's, one
+    folder up), then every other *.md of `where`."""
     found = {path.stem: path for path in sorted(where.glob("*.md"))}
-    readme = where / "README.md" if (where / "README.md").is_file() else where.parent / "README.md"
+    readme = found.pop("README", where.parent / "README.md")
     return {"README": readme, **found} if readme.is_file() else found
 
 
