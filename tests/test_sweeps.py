@@ -358,7 +358,7 @@ def test_the_plot_shows_each_finished_job_and_each_groups_mean_and_interval(tmp_
     (axis,) = drawn["f"].axes
     assert drawn["out"] == tmp_path / "sweep.png"
     assert [label.get_text() for label in axis.get_xticklabels()] == ["amp=off", "amp=bf16"]
-    assert axis.get_ylabel() == "validation accuracy"
+    assert axis.get_ylabel() == "val_acc"  # the plotted metric, by its name
     assert axis.get_title() == "val_acc per job; mean and 95% CI per group"
     points = [collection.get_offsets().tolist() for collection in axis.collections[:2]]
     assert points == [[[0, 0.75], [0, 0.25]], []]  # pruned and failed jobs are not drawn

@@ -102,3 +102,83 @@ def test_only_pinned_batches_for_a_gpu_go_through_the_prefetcher(monkeypatch):
     assert len(ahead) == 3 and ahead.batch_size == 2 and ahead.dataset is loader.dataset
     with pytest.raises(AttributeError):
         _ = Prefetcher.__new__(Prefetcher).batch_size  # unpickled: no loader to ask yet
+
+
+def test_a_batch_lands_on_the_runs_device_and_is_normalised_there():
+    meta = torch.device("meta")  # a device other than the CPU, without a GPU
+    prepare = DeviceBatches(meta, MEAN, STD, torch.channels_last)
+    assert prepare.scale.device == meta and prepare.shift.device == meta
+    out, labels = prepare(_images(2, 4), torch.tensor([1, 0]))
+    assert out.device == meta and labels.device == meta and out.dtype == torch.float32
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(
+    "shape, chunks",
+    [((40000, 1, 1, 1), [32767, 7233]), ((2, 1, 1, 32767), [1, 1]), ((2, 1, 1, 32768), [2])],
+)
+def test_the_serial_chunks_edges(shape, chunks, monkeypatch):
+    multiplied = []
+    real = torch.mul
+
+    def counted(*args, **kwargs):
+        multiplied.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transfer.torch, "mul", counted)
+    DeviceBatches(CPU, [0.5], [0.5])(torch.zeros(shape, dtype=torch.uint8), torch.zeros(2))
+    assert multiplied == chunks
+
+
+class Stream:
+    """torch.cuda's side stream, event and current stream, as calls recorded in order."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def __enter__(self) -> None:
+        self.calls.append("side stream")
+
+    def __exit__(self, *exc: object) -> None:
+        self.calls.append("compute stream")
+
+    def wait_event(self, event: object) -> None:
+        self.calls.append(("compute waits for", event.batch))
+
+
+def test_the_next_batch_is_copied_on_the_side_stream_before_this_one_is_handed_over(monkeypatch):
+    calls: list = []
+    cuda = transfer.torch.cuda
+    monkeypatch.setattr(cuda, "Stream", lambda device: Stream(calls))
+    monkeypatch.setattr(cuda, "stream", lambda stream: stream)
+    monkeypatch.setattr(cuda, "current_stream", lambda device: Stream(calls))
+
+    class Event:
+        def record(self, stream: object) -> None:
+            self.batch = len([c for c in calls if c == "side stream"])
+            calls.append(("copied", self.batch))
+
+    monkeypatch.setattr(cuda, "Event", Event)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: calls.append("kept"))
+
+    class Prepare:  # DeviceBatches for a GPU: images made floats "there"
+        device = torch.device("cuda", 0)
+
+        def __call__(self, images, labels):
+            return images.float(), labels
+
+    prepare = Prepare()
+    ahead = Prefetcher([(_images(1, 2), torch.tensor([0])) for _ in range(3)], prepare)
+    handed = []
+    for images, _ in ahead:
+        handed.append(images.dtype)
+        calls.append("step")
+
+    def copy(n: int) -> list:
+        return ["side stream", ("copied", n), "compute stream"]
+
+    def step(n: int) -> list:  # compute waits for this batch's copy alone, keeps its memory
+        return [("compute waits for", n), "kept", "kept", "step"]
+
+    assert calls == copy(1) + copy(2) + step(1) + copy(3) + step(2) + step(3)
+    assert handed == [torch.float32] * 3
