@@ -15,12 +15,13 @@ from repro.runs import run_lock, signals
 
 from conftest import read_summary, run_cli, tiny, torchrun
 
+# 384 images, 2 ranks x 32 per step: 6 steps per epoch.
 DDP = tiny(
     "trainer.batch_size=32",
     "trainer.epochs=2",
     "trainer.checkpoint_every_steps=2",
     "dataloader.num_workers=0",
-)  # fmt: skip  -- 384 images, 2 ranks x 32 per step: 6 steps per epoch
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,10 @@ def test_two_processes_one_folder_one_summary_rank0_writes(straight):
     assert result["loss"] == pytest.approx(summary["val_loss"], rel=1e-7, abs=0)
 
 
+# Two torchrun jobs: in make test-all only. make test keeps two processes' exactness in
+# test_world_invariant (two processes give the weights of one).
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_rerun_gives_the_same_weights(straight, tmp_path):
     done = torchrun(*DDP, f"hydra.run.dir={tmp_path / 'again'}")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -170,8 +174,8 @@ def test_the_ranks_test_the_best_pt_its_last_checkpoint_wrote(tmp_path):
     # One epoch, one evaluation: best.pt appears only with the run's last checkpoint, which
     # rank 0 writes in the background; every rank must test those same weights.
     run_dir = tmp_path / "run"
-    done = torchrun(*tiny("trainer.batch_size=32", "dataloader.num_workers=0"),
-                    f"hydra.run.dir={run_dir}", timeout=180)  # fmt: skip
+    overrides = tiny("trainer.batch_size=32", "dataloader.num_workers=0")
+    done = torchrun(*overrides, f"hydra.run.dir={run_dir}", timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["test_weights"] == "best" and summary["best_step"] == 6

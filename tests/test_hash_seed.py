@@ -15,8 +15,8 @@ def run_without_hash_seed(run_dir, value: str | None):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     if value is not None:
         env["PYTHONHASHSEED"] = value
-    command = [sys.executable, "-m", "repro.train", *tiny("trainer.max_steps=1"),
-               f"hydra.run.dir={run_dir}"]  # fmt: skip
+    overrides = [*tiny("trainer.max_steps=1"), f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "-m", "repro.train", *overrides]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return read_summary(run_dir)["env"]["pythonhashseed"]
