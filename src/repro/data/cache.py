@@ -36,6 +36,7 @@ def decode(
     side = data_cfg.resize or data_cfg.image_size
     budget = float(data_cfg.cache_budget_gib) * GIB
     resized = _Resized(files, side)
+    # The first image sizes the split: the others, once squared to `side`, are no larger.
     estimate = len(files) * resized[0].numel()
     if estimate > budget:
         _refuse_budget(data_cfg, len(files), estimate, name)
@@ -56,9 +57,6 @@ def decode(
             raise ConfigError("data.resize", None, allowed)
         square = CenterCrop(side)
         images = [square(image, None) for image in images]
-    total = len(images) * images[0].numel()
-    if total > budget:
-        _refuse_budget(data_cfg, len(images), total, name)
     return TensorImages(torch.stack(images), stack_targets(_labels(files)))
 
 
