@@ -26,17 +26,3 @@ def run_without_hash_seed(run_dir, value: str | None):
 def test_entry_point_pins_the_hash_seed_and_respects_the_users(tmp_path):
     assert run_without_hash_seed(tmp_path / "unset", None) == "0"
     assert run_without_hash_seed(tmp_path / "user", "123") == "123"
-
-
-def test_launch_reexecutes_only_when_unset(monkeypatch):
-    from repro.runtime import launch
-
-    calls = []
-    monkeypatch.setattr(os, "execv", lambda *args: calls.append(args))
-    monkeypatch.setenv("PYTHONHASHSEED", "7")
-    launch.pin_hash_seed("repro.train")
-    assert calls == []
-    monkeypatch.delenv("PYTHONHASHSEED")
-    launch.pin_hash_seed("repro.train")
-    assert os.environ["PYTHONHASHSEED"] == "0"
-    assert calls and calls[0][1][1:3] == ["-m", "repro.train"]
