@@ -27,6 +27,7 @@ OUTLINES = [
     (2, 0.61, 0.15, False),
     (2, -0.61, 0.15, False),
     (3, 0.0, 0.0, False),
+    (3, 0.6, 0.0, True),  # r2 == 0.36 exactly: the hole's edge is the ring's
     (3, 0.59, 0.0, False),
     (3, 0.0, 0.61, True),
     (3, 1.0, 0.0, True),
@@ -39,6 +40,8 @@ OUTLINES = [
     (4, 0.95, 0.0, True),
     (4, 0.0, -0.96, False),
     (5, 0.8, 0.8, True),
+    (5, 0.05, 0.45, True),  # |u - v| == 0.4 exactly
+    (5, 0.05, -0.45, True),  # |u + v| == 0.4 exactly
     (5, 0.6, 0.25, True),
     (5, 0.6, 0.15, False),
     (5, 0.6, -0.25, True),
@@ -64,6 +67,7 @@ OUTLINES = [
     (8, 0.85, 0.85, True),
     (8, 0.86, 0.0, False),
     (9, -0.5, 0.0, True),
+    (9, 0.45, 0.7, True),  # above the bite, whose centre is below the disk's
     (9, 0.45, -0.1, False),
     (9, 0.9, 0.0, False),
     (9, -0.2, 0.5, True),
@@ -97,7 +101,12 @@ def test_the_random_parameters_stay_in_their_ranges_and_reach_their_ends():
     assert contrast.min() < 0.301 and contrast.max() > 0.699
     assert draws.gradient.shape == (n, 3, 2)
     assert -0.25 <= draws.gradient.min() < -0.249 and 0.249 < draws.gradient.max() <= 0.25
-    assert draws.noise_seed != synthetic._draw(n, seed=2, num_classes=7).noise_seed
+    noise_seeds = [synthetic._draw(1, seed, 10).noise_seed for seed in range(8)]
+    assert len(set(noise_seeds)) == 8 and max(noise_seeds) > 2**60
+    # float32 throughout: the pixels are what float32 arithmetic renders.
+    for array in (draws.centre, draws.cos_over_radius, draws.sin_over_radius, draws.gradient):
+        assert array.dtype == np.float32
+    assert draws.background.dtype == draws.foreground.dtype == np.float32
 
 
 def rendered_one_by_one(draws, index: int, count: int) -> np.ndarray:
@@ -137,3 +146,15 @@ def test_every_pixel_is_the_shape_on_its_background_plus_noise():
         # float32 against float64 arithmetic: a grey level at most, where it rounds otherwise.
         assert difference.max() <= 1, index
         assert (difference > 0).mean() < 0.01, index
+
+
+@pytest.mark.parametrize("classes", [2, 3, 10])
+def test_any_number_of_classes_from_two_to_ten(classes):
+    _, labels = synthetic.generate(300, seed=0, num_classes=classes)
+    assert sorted(set(labels.tolist())) == list(range(classes))
+
+
+@pytest.mark.parametrize("classes", [0, 1, 11])
+def test_other_numbers_of_classes_are_refused(classes):
+    with pytest.raises(ValueError, match=r"num_classes must be in 2\.\.10"):
+        synthetic.generate(10, seed=0, num_classes=classes)
