@@ -208,9 +208,7 @@ DECLARED = tuple(item.name for item in dataclasses.fields(DataConfig))
 def typed_data(data: DictConfig) -> None:
     """Type the declared keys of `data` in place as DataConfig says; one line for a value
     that is missing or of the wrong type."""
-    for name in DECLARED:
-        if name in data and OmegaConf.is_missing(data, name):
-            raise ConfigError(f"data.{name}", "???", "a value: the data option must set it")
+    _refuse_missing(data)
     declared = {name: data[name] for name in DECLARED if name in data}
     try:
         checked = OmegaConf.merge(OmegaConf.structured(DataConfig), declared)
@@ -221,8 +219,16 @@ def typed_data(data: DictConfig) -> None:
         data[name] = checked[name]
 
 
+def _refuse_missing(data: DictConfig) -> None:
+    """One line for a key of `data` left `???`; `in` and `items()` would skip or raise on it."""
+    for name in data:
+        if OmegaConf.is_missing(data, name):
+            raise ConfigError(f"data.{name}", "???", "a value: the data option must set it")
+
+
 def own_settings(data: DictConfig) -> dict[str, Any]:
     """The option's own settings, as plain Python values."""
+    _refuse_missing(data)
     return {
         str(key): OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
         for key, value in data.items()
