@@ -64,12 +64,13 @@ def test_kept_labels_are_taken_without_reading_the_images_again():
 
 
 def test_images_of_several_sizes_without_a_resize_are_refused_naming_their_sizes():
-    files = Decoded([(3, 4, 6), (3, 4, 4), (3, 5, 4), (3, 4, 6)])
+    files = Decoded([(3, 4, 6), (3, 4, 4), (3, 5, 4), (3, 6, 4), (3, 4, 6)])
     with pytest.raises(ConfigError) as refused:
         cache.decode(files, data_cfg(side=4), name="val")
     message = str(refused.value)
     assert message.startswith("data.resize=None")
     assert "to cache val images of several sizes (4x4, 4x6, 5x4 ...)" in message
+    assert "6x4" not in message, "three examples"
     assert message.endswith("with data.cache=memory (or data.cache=none)")
 
 
@@ -130,3 +131,15 @@ def test_a_chunk_of_one_size_is_one_tensor_and_of_several_a_list():
     assert cache._stacked(mixed) is mixed
     first_odd = [torch.zeros(1, 2, 3), torch.zeros(1, 2, 2), torch.zeros(1, 2, 2)]
     assert cache._stacked(first_odd) is first_odd
+
+
+def test_the_first_image_sizes_the_estimate():
+    # Squared to 4 x 4 in the end; the second, 4 x 6 once resized, would overestimate.
+    files = Decoded([(3, 4, 4), (3, 4, 6), (3, 4, 4)])
+    held = cache.decode(files, data_cfg(side=2, resize=4, budget_gib=3 * 48 / cache.GIB))
+    assert held.images.shape == (3, 3, 4, 4)
+
+
+def test_a_split_of_one_image_decodes():
+    held = cache.decode(Decoded([(3, 5, 4)]), data_cfg(side=4))
+    assert held.images.shape == (1, 3, 5, 4) and held.labels.tolist() == [0]
