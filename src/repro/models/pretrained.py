@@ -56,8 +56,8 @@ def timm_model(
         raise ConfigError("model.name", name, "a timm model name (timm.list_models() lists them)")
     for key in WEIGHT_SOURCES:
         if key in kwargs:
-            raise ConfigError(f"model.{key}", kwargs[key], "not set: weights come from "
-                              "model.pretrained (true: timm's registry; or a local file)")  # fmt: skip
+            allowed = "not set: weights come from model.pretrained (true: timm's registry; or a "
+            raise ConfigError(f"model.{key}", kwargs[key], allowed + "local file)")
     if pretrained is True:
         model = timm.create_model(name, pretrained=True, **kwargs)
     elif pretrained is False or pretrained is None:
@@ -71,10 +71,9 @@ def timm_model(
         model.reset_classifier(num_classes)
         log.info("model: %s's head replaced: %d -> %d outputs", name, old, num_classes)
     own = resolve_model_data_config(model) if pretrained not in (False, None) else {}
-    model.pretrained_normalisation = _overridden(
-        own.get("mean"), own.get("std"), (own.get("input_size") or [None])[-1],
-        own.get("interpolation"), mean, std, image_size, interpolation,
-    )  # fmt: skip
+    side = (own.get("input_size") or [None])[-1]
+    weights_own = (own.get("mean"), own.get("std"), side, own.get("interpolation"))
+    model.pretrained_normalisation = _overridden(*weights_own, mean, std, image_size, interpolation)
     return model
 
 
@@ -117,10 +116,8 @@ def torchvision_model(
     if num_classes is not None and num_classes != len(chosen.meta["categories"]):
         _replace_last_linear(model, num_classes, name)
     preset = chosen.transforms()
-    model.pretrained_normalisation = _overridden(
-        list(preset.mean), list(preset.std), preset.crop_size[0], preset.interpolation.value,
-        mean, std, image_size, interpolation,
-    )  # fmt: skip
+    own = (list(preset.mean), list(preset.std), preset.crop_size[0], preset.interpolation.value)
+    model.pretrained_normalisation = _overridden(*own, mean, std, image_size, interpolation)
     return model
 
 
