@@ -31,8 +31,8 @@ def test_the_fitted_filters_decorrelate_the_patches_they_were_fitted_to():
     moment = flat @ flat.T / flat.shape[1]
     informative = torch.linalg.eigvalsh(moment) > 0.5  # directions the data has at all
     assert informative.sum() >= 8
-    assert torch.allclose(moment.diagonal()[moment.diagonal() > 0.5], torch.tensor(1.0).double(),
-                          atol=0.02)  # fmt: skip
+    variances = moment.diagonal()[moment.diagonal() > 0.5]
+    assert torch.allclose(variances, torch.tensor(1.0).double(), atol=0.02)
     off_diagonal = moment - torch.diag(moment.diagonal())
     assert off_diagonal.abs().max() < 0.02
     assert torch.equal(whiten.weight[12:], -whiten.weight[:12]), "each filter and its negative"
@@ -110,3 +110,112 @@ def test_compiled_in_bf16_the_gradients_stay_finite():
     loss.backward()
     gradients = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in gradients)
+
+
+# ---- the parts, one by one ----------------------------------------------------------------
+
+
+def test_the_whitening_filters_are_the_scaled_eigenvectors_largest_first_and_their_negatives():
+    generator = torch.Generator().manual_seed(3)
+    images = (
+        torch.randn(40, 3, 6, 6, generator=generator) * torch.tensor([1.0, 2.0, 0.5])[:, None, None]
+    )
+    whiten = PatchWhitening(eps=0.1)
+    assert whiten.out_channels == 24 and whiten.kernel_size == (2, 2) and whiten.eps == 0.1
+    assert not whiten.weight.requires_grad and whiten.bias.requires_grad
+    whiten.fit(images, chunk=7)
+    patches = images.double().unfold(2, 2, 1).unfold(3, 2, 1).permute(0, 2, 3, 1, 4, 5)
+    flat = patches.reshape(-1, 12)
+    values, vectors = torch.linalg.eigh(flat.T @ flat / len(flat))
+    order = values.argsort(descending=True)
+    expected = (vectors[:, order] / (values[order] + 0.1).sqrt()).T.reshape(12, 3, 2, 2)
+    filters = whiten.weight[:12].double()
+    # An eigenvector's sign is the solver's choice: compare each filter up to its sign.
+    signs = (filters * expected).flatten(1).sum(1).sign()
+    assert torch.allclose(filters, expected * signs[:, None, None, None], atol=1e-6)
+    assert torch.equal(whiten.weight[12:], -whiten.weight[:12])
+    whole = PatchWhitening(eps=0.1)
+    whole.fit(images, chunk=10_000)
+    assert torch.allclose(whole.weight, whiten.weight, atol=1e-6), "chunks add up to the whole"
+
+
+def test_a_3x3_conv_starts_as_the_identity_on_its_first_channels():
+    from repro.recipes.whitened_cnn import conv
+
+    layer = conv(3, 5)
+    assert layer.bias is None and layer.padding == (1, 1) and layer.weight.shape == (5, 3, 3, 3)
+    x = torch.randn(2, 3, 4, 4)
+    assert torch.allclose(layer(x)[:, :3], x, atol=1e-7)
+    narrower, five = conv(5, 3), torch.randn(2, 5, 4, 4)
+    assert torch.allclose(narrower(five), five[:, :3], atol=1e-7), "as many as it has"
+
+
+def test_a_batch_norm_learns_its_shift_only():
+    from repro.recipes.whitened_cnn import norm
+
+    layer = norm(6, momentum=0.3)
+    assert not layer.weight.requires_grad and layer.bias.requires_grad
+    assert layer.momentum == 0.3 and layer.eps == 1e-12 and layer.num_features == 6
+
+
+def test_the_network_is_whitening_three_groups_and_a_scaled_linear_head():
+    from repro.recipes.layers import GlobalMaxPool, Scale
+    from repro.recipes.whitened_cnn import ConvGroup
+
+    model = WhitenedCNN(num_classes=4, widths=(8, 16, 12), bn_momentum=0.2, scale=0.5, fit_images=9)
+    kinds = [type(layer) for layer in model]
+    groups = [ConvGroup] * 3
+    assert kinds == [PatchWhitening, torch.nn.GELU, *groups, GlobalMaxPool, torch.nn.Linear, Scale]
+    group = model[2]
+    names = " ".join(type(layer).__name__ for layer in group)
+    assert names == "Conv2d MaxPool2d BatchNorm2d GELU Conv2d BatchNorm2d GELU"
+    assert (group[0].in_channels, group[0].out_channels, group[4].in_channels) == (24, 8, 8)
+    assert group[2].momentum == 0.2 and model[4][0].out_channels == 12
+    head = model[6]
+    assert (head.in_features, head.out_features, head.bias) == (12, 4, None)
+    assert model[7].factor == 0.5 and model.fit_images == 9
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 4)
+    images = torch.randn(5, 3, 8, 8)
+    model.fit_to_data(images)
+    reference = PatchWhitening()
+    reference.fit(images)
+    assert torch.equal(model[0].weight, reference.weight)
+
+
+@pytest.mark.parametrize("epochs", [True, -1, 2.5, "3"])
+def test_freezing_after_a_number_of_epochs_needs_a_whole_number(epochs):
+    from repro.recipes.whitened_cnn import WhitenBiasFreeze
+
+    with pytest.raises(ValueError) as refused:
+        WhitenBiasFreeze(WhitenedCNN(widths=(8, 8, 8)), 10, epochs)
+    assert str(refused.value) == f"epochs={epochs!r}: allowed: an integer >= 0, or null (never)"
+
+
+def test_the_whitening_bias_trains_for_its_first_epochs_then_freezes():
+    from types import SimpleNamespace
+
+    from repro.recipes.whitened_cnn import WhitenBiasFreeze
+
+    model = WhitenedCNN(widths=(8, 8, 8))
+    bias = model[0].bias
+    freeze = WhitenBiasFreeze(model, 100, epochs=2)
+    assert freeze.biases == [bias]
+    for epoch, trains in [(0, True), (1, True), (2, False), (5, False)]:
+        loop = SimpleNamespace(state=SimpleNamespace(position=SimpleNamespace(epoch=epoch)))
+        freeze.after_step(loop)
+        assert bias.requires_grad is trains, epoch
+    one = SimpleNamespace(world=1)
+    resumed = SimpleNamespace(dist=one, state=SimpleNamespace(position=SimpleNamespace(epoch=3)))
+    bias.requires_grad_(True)
+    freeze.at_start(resumed)
+    assert not bias.requires_grad, "a resume past the epochs freezes it again"
+    never = WhitenBiasFreeze(model, 100, epochs=None)
+    never.apply(50)
+    assert bias.requires_grad
+    never.at_start(SimpleNamespace(dist=SimpleNamespace(world=2), state=resumed.state))
+    assert freeze.state_dict() == {} and freeze.load_state_dict({}) is None
+    with pytest.raises(ConfigError) as refused:
+        freeze.at_start(SimpleNamespace(dist=SimpleNamespace(world=2), state=resumed.state))
+    assert str(refused.value).startswith("components.whiten_bias.epochs=2 is not allowed: null")
+    with pytest.raises(ValueError, match=r"no PatchWhitening layer \(model=whitened_cnn\)"):
+        WhitenBiasFreeze(torch.nn.Linear(2, 2), 10)

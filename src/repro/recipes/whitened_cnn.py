@@ -75,10 +75,8 @@ def norm(channels: int, momentum: float) -> nn.BatchNorm2d:
 
 class ConvGroup(nn.Sequential):
     def __init__(self, cin: int, cout: int, momentum: float) -> None:
-        super().__init__(
-            conv(cin, cout), nn.MaxPool2d(2), norm(cout, momentum), nn.GELU(),
-            conv(cout, cout), norm(cout, momentum), nn.GELU(),
-        )  # fmt: skip
+        first = (conv(cin, cout), nn.MaxPool2d(2), norm(cout, momentum), nn.GELU())
+        super().__init__(*first, conv(cout, cout), norm(cout, momentum), nn.GELU())
 
 
 class WhitenedCNN(nn.Sequential):
@@ -92,13 +90,13 @@ class WhitenedCNN(nn.Sequential):
     ) -> None:
         first, second, third = widths
         whiten = PatchWhitening()
-        super().__init__(
-            whiten, nn.GELU(),
+        groups = (
             ConvGroup(whiten.out_channels, first, bn_momentum),
             ConvGroup(first, second, bn_momentum),
             ConvGroup(second, third, bn_momentum),
-            GlobalMaxPool(), nn.Linear(third, num_classes, bias=False), Scale(scale),
-        )  # fmt: skip
+        )
+        head = (GlobalMaxPool(), nn.Linear(third, num_classes, bias=False), Scale(scale))
+        super().__init__(whiten, nn.GELU(), *groups, *head)
         self.fit_images = fit_images
 
     def fit_to_data(self, images: torch.Tensor) -> None:
