@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,8 +130,11 @@ class MetricsLog:
 
 
 def read_rows(path: Path) -> list[dict[str, float]]:
+    """metrics.csv's rows as numbers; a blank cell (a column that joined on resume, in the
+    rows before it) is left out of its row."""
     text = received.read_text(path, "table", root=path.parent)
-    return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(text))]
+    rows = csv.DictReader(io.StringIO(text))
+    return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in rows]
 
 
 def plot_curves(metrics_csv: Path, out: Path) -> None:
@@ -142,14 +146,18 @@ def plot_curves(metrics_csv: Path, out: Path) -> None:
 
     rows = read_rows(metrics_csv)
     steps = [r["step"] for r in rows]
+
+    def column(name: str) -> list[float]:
+        return [r.get(name, math.nan) for r in rows]  # a gap where a row lacks it
+
     figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    loss_axis.plot(steps, [r["train_loss"] for r in rows], marker="o", label="train")
+    loss_axis.plot(steps, column("train_loss"), marker="o", label="train")
     if any("val_loss" in r for r in rows):  # none without a validation split
-        loss_axis.plot(steps, [r.get("val_loss") for r in rows], marker="o", label="validation")
+        loss_axis.plot(steps, column("val_loss"), marker="o", label="validation")
     loss_axis.set(xlabel="step", ylabel="loss", title="loss")
     loss_axis.legend()
     if any("val_acc" in r for r in rows):
-        acc_axis.plot(steps, [r["val_acc"] for r in rows], marker="o", color="tab:green")
+        acc_axis.plot(steps, column("val_acc"), marker="o", color="tab:green")
     acc_axis.set(xlabel="step", ylabel="accuracy", title="validation accuracy", ylim=(0, 1))
     for axis in (loss_axis, acc_axis):
         axis.grid(alpha=0.3)
