@@ -266,7 +266,8 @@ def in_head(parameter_name: str, head: str | None) -> bool:
 def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
     """Parameter name -> its depth (0 = the input's side) and the number of depths, the head
     the deepest: timm's own grouping where the model has one (`group_matcher`), else one depth
-    per top-level child module holding parameters, in registration order."""
+    per top-level child module holding parameters, in registration order (the model's own
+    parameters, a class token or position embeddings, lie on the input's side: depth 0)."""
     head = head_name(model)
     names = [name for name, _ in model.named_parameters()]
     if hasattr(model, "group_matcher"):
@@ -279,7 +280,8 @@ def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
             for child, module in model.named_children()
             if next(module.parameters(), None) is not None
         ]
-        ids = {name: children.index(name.split(".")[0]) for name in names}
+        top = {child: depth for depth, child in enumerate(children)}
+        ids = {name: top.get(name.split(".")[0], 0) for name in names}
     deepest = max((ids[n] for n in names if n in ids and not in_head(n, head)), default=-1) + 1
     ids = {name: deepest if in_head(name, head) else ids.get(name, deepest) for name in names}
     return ids, deepest + 1

@@ -1,0 +1,383 @@
+"""What repro.build makes, in-process and without training: normalisation and pipelines,
+the optimizer's parameter groups, where a head is and how deep each parameter lies, and each
+builder's one-line refusals."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from repro import build
+from repro.data import transforms
+from repro.errors import ConfigError
+from repro.runtime.precision import Precision
+
+from conftest import compose_config, tiny
+
+
+class Net(nn.Module):
+    """A stem, a body and a head, with a frozen parameter and 1-d ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3)
+        self.frozen = nn.Parameter(torch.zeros(2), requires_grad=False)
+        self.body = nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4))
+        self.head = nn.Linear(4, 3)
+
+
+def names_of(model: nn.Module, group) -> list[str]:
+    params = group["params"] if isinstance(group, dict) else [group]
+    ids = {id(p) for p in params}
+    return [name for name, p in model.named_parameters() if id(p) in ids]
+
+
+SGD = {"_target_": "torch.optim.SGD", "lr": 0.1, "weight_decay": 5e-4}
+
+
+def test_one_group_of_every_trained_parameter_by_default():
+    model = Net()
+    groups = build._parameter_groups(model, dict(SGD))
+    assert [p for p in groups] == [p for p in model.parameters() if p.requires_grad]
+
+
+def test_biases_and_norm_weights_apart_without_decay_or_with_their_own_lr():
+    model = Net()
+    settings = {**SGD, "decay_biases_and_norms": False}
+    big, small = build._parameter_groups(model, settings)
+    assert names_of(model, big) == ["stem.weight", "body.0.weight", "head.weight"]
+    assert names_of(model, small) == [
+        "stem.bias",
+        "body.0.bias",
+        "body.1.weight",
+        "body.1.bias",
+        "head.bias",
+    ]
+    assert small["weight_decay"] == 0.0 and "lr" not in small
+    assert "decay_biases_and_norms" not in settings, "the template's keys are taken out"
+    scaled = build._parameter_groups(model, {**SGD, "lr_scale_biases_and_norms": 4})
+    assert scaled[1]["lr"] == pytest.approx(0.4) and scaled[1]["weight_decay"] == pytest.approx(
+        1.25e-4
+    )
+    both = build._parameter_groups(
+        model, {**SGD, "lr_scale_biases_and_norms": 2, "decay_biases_and_norms": False}
+    )
+    assert both[1]["lr"] == pytest.approx(0.2) and both[1]["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("decay_biases_and_norms", "yes", "true or false"),
+        ("lr_scale_biases_and_norms", 0, "a number > 0"),
+        ("lr_scale_biases_and_norms", True, "a number > 0"),
+        ("layer_decay", 1.5, "null or a number in (0, 1]"),
+        ("layer_decay", 0, "null or a number in (0, 1]"),
+        ("head_lr", -1, "null or a number > 0"),
+        ("head_lr", "fast", "null or a number > 0"),
+    ],
+)
+def test_the_templates_optimizer_keys_are_checked(key, value, allowed):
+    with pytest.raises(ConfigError) as refused:
+        build._parameter_groups(Net(), {**SGD, key: value})
+    assert str(refused.value) == f"optimizer.{key}={value!r} is not allowed: {allowed}"
+
+
+def test_a_scale_or_fine_tuning_needs_a_learning_rate():
+    without_lr = {"_target_": "torch.optim.SGD"}
+    with pytest.raises(ConfigError, match="a number with lr_scale_biases_and_norms"):
+        build._parameter_groups(Net(), {**without_lr, "lr_scale_biases_and_norms": 2})
+    with pytest.raises(ConfigError, match="a number with layer_decay or head_lr"):
+        build._parameter_groups(Net(), {**without_lr, "head_lr": 0.1})
+
+
+def test_layer_decay_shrinks_the_lr_with_depth_below_the_head():
+    model = Net()
+    groups = build._parameter_groups(model, {**SGD, "layer_decay": 0.5})
+    by_name = {name: group for group in groups for name in names_of(model, group)}
+    assert by_name["head.weight"]["lr"] == pytest.approx(0.1)
+    assert by_name["body.0.weight"]["lr"] == pytest.approx(0.05)
+    assert by_name["stem.weight"]["lr"] == pytest.approx(0.025)
+    assert by_name["stem.weight"]["weight_decay"] == 5e-4
+    assert by_name["stem.bias"]["weight_decay"] == 5e-4, "decayed unless told otherwise"
+    assert "frozen" not in by_name
+
+
+def test_a_head_lr_sets_the_heads_and_the_small_rule_still_applies():
+    model = Net()
+    settings = {**SGD, "head_lr": 0.7, "lr_scale_biases_and_norms": 2}
+    groups = build._parameter_groups(model, settings)
+    by_name = {name: group for group in groups for name in names_of(model, group)}
+    assert by_name["head.weight"]["lr"] == pytest.approx(0.7)
+    assert by_name["head.bias"]["lr"] == pytest.approx(1.4)
+    assert by_name["head.bias"]["weight_decay"] == pytest.approx(2.5e-4)
+    assert by_name["stem.weight"]["lr"] == pytest.approx(0.1)
+    lrs = sorted({round(group["lr"], 6) for group in groups})
+    assert len(groups) == len({(g["lr"], g["weight_decay"]) for g in groups}) and lrs == [
+        0.1,
+        0.2,
+        0.7,
+        1.4,
+    ]
+
+
+def test_the_weight_decay_is_the_configs_or_the_classs_default():
+    assert build._weight_decay({"weight_decay": 3}) == 3.0
+    assert build._weight_decay({"_target_": "torch.optim.AdamW"}) == 0.01
+    assert build._weight_decay({"_target_": "torch.optim.SGD"}) == 0.0
+    assert build._weight_decay({"_target_": "torch.optim.LBFGS"}) == 0.0, "none declared"
+    with pytest.raises(
+        ConfigError, match=r"^optimizer._target_='torch.optim.Nope' .*cannot import"
+    ):
+        build._weight_decay({"_target_": "torch.optim.Nope"})
+
+
+def test_the_head_is_timms_classifier_or_the_last_linear():
+    assert build.head_name(Net()) == "head"
+    assert build.head_name(nn.Sequential(nn.Conv2d(1, 1, 1))) is None
+
+    class Timmish(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc_norm = nn.Linear(3, 3)
+
+        def get_classifier(self):
+            return self.head
+
+    assert build.head_name(Timmish()) == "head"
+    assert build.in_head("head.weight", "head") and build.in_head("head", "head")
+    assert not build.in_head("header.weight", "head") and not build.in_head("head.weight", None)
+
+
+def test_depths_go_by_top_level_module_with_the_head_deepest():
+    depths, count = build.layer_ids(Net())
+    assert count == 3
+    assert depths == {
+        "stem.weight": 0,
+        "stem.bias": 0,
+        "frozen": 0,  # the model's own: on the input's side
+        "body.0.weight": 1,
+        "body.0.bias": 1,
+        "body.1.weight": 1,
+        "body.1.bias": 1,
+        "head.weight": 2,
+        "head.bias": 2,
+    }
+
+
+def test_timms_own_grouping_sets_the_depths():
+    import timm
+
+    model = timm.create_model("test_resnet", num_classes=3)
+    depths, count = build.layer_ids(model)
+    head = build.head_name(model)
+    assert all(depths[name] == count - 1 for name in depths if name.startswith(f"{head}."))
+    assert min(depths.values()) == 0 and count > 2
+
+
+def test_normalisation_is_the_models_own_else_the_datas():
+    cfg = compose_config(*tiny())
+    plain = build.normalisation(cfg)
+    assert plain == {
+        "mean": list(cfg.data.mean),
+        "std": list(cfg.data.std),
+        "image_size": cfg.data.image_size,
+        "interpolation": "bilinear",
+    }
+    model = nn.Linear(1, 1)
+    model.pretrained_normalisation = {
+        "std": [1, 2, 3],
+        "image_size": 40,
+        "interpolation": "bicubic",
+    }
+    own = build.normalisation(cfg, model)
+    assert own["std"] == [1.0, 2.0, 3.0] and own["mean"] == list(cfg.data.mean)
+    assert own["image_size"] == 40 and own["interpolation"] == "bicubic"
+    model.pretrained_normalisation = "not a dict"
+    assert build.normalisation(cfg, model) == plain
+
+
+@pytest.mark.parametrize(
+    ("own", "key", "allowed"),
+    [
+        ({"interpolation": "nearest"}, "model.interpolation", "bilinear or bicubic"),
+        ({"std": [1, 0, 1]}, "model.std", "three positive numbers (and three means)"),
+        ({"mean": [0.5]}, "model.std", "three positive numbers (and three means)"),
+    ],
+)
+def test_a_normalisation_that_cannot_be_used_is_one_line(own, key, allowed):
+    model = nn.Linear(1, 1)
+    model.pretrained_normalisation = own
+    with pytest.raises(ConfigError) as refused:
+        build.normalisation(compose_config(*tiny()), model)
+    assert str(refused.value).startswith(f"{key}=") and str(refused.value).endswith(allowed)
+
+
+def kinds(pipeline: transforms.Compose) -> list[str]:
+    return [type(step).__name__ for step in pipeline.steps]
+
+
+def test_pipelines_follow_the_augment_group():
+    cfg = compose_config(
+        *tiny("augment.cutout=4", "augment.flip=alternate", "augment.crop_padding_mode=edge")
+    )
+    train, evaluation = build.pipelines(cfg)
+    assert kinds(train) == ["RandomCrop", "HorizontalFlip", "Cutout"] and kinds(evaluation) == []
+    crop, flip, cutout = train.steps
+    assert (crop.size, crop.padding, crop.mode) == (
+        cfg.data.image_size,
+        cfg.data.crop_padding,
+        "edge",
+    )
+    assert flip.alternate and cutout.size == 4
+    plain = compose_config(*tiny("augment.crop_flip=false"))
+    assert kinds(build.pipelines(plain)[0]) == []
+
+
+def test_images_of_any_size_are_resized_to_the_image_size_and_a_models_size_rescales():
+    cfg = compose_config(*tiny())
+    size = cfg.data.image_size
+    train, evaluation = build.pipelines(cfg, any_size=True)
+    assert kinds(evaluation) == ["ResizeShorter", "CenterCrop"] and evaluation.steps[0].size == size
+    norm = {**build.normalisation(cfg), "image_size": 2 * size, "interpolation": "bicubic"}
+    train, evaluation = build.pipelines(cfg, norm=norm, any_size=True)
+    assert evaluation.steps[0].size == 2 * size and evaluation.steps[0].mode == "bicubic"
+    assert train.steps[1].size == 2 * size
+    resized = compose_config(*tiny(f"data.resize={size + 4}"))
+    _, evaluation = build.pipelines(resized, norm={**norm, "interpolation": "bilinear"})
+    assert evaluation.steps[0].size == round((size + 4) * 2)
+
+
+def test_a_cache_holds_the_datas_size_only():
+    cfg = compose_config(*tiny())
+    norm = {**build.normalisation(cfg), "image_size": cfg.data.image_size + 1}
+    with pytest.raises(ConfigError, match=r"^data\.cache='memory' is not allowed: none: the model"):
+        build.pipelines(cfg, resized=True, norm=norm)
+    bicubic = {**build.normalisation(cfg), "interpolation": "bicubic"}
+    with pytest.raises(ConfigError):
+        build.pipelines(cfg, resized=True, norm=bicubic)
+    train, _ = build.pipelines(cfg, resized=True)
+    assert "ResizeShorter" not in kinds(train)
+
+
+def test_torchvision_transforms_are_built_from_their_nodes():
+    nodes = OmegaConf.create(
+        [{"_target_": "torchvision.transforms.v2.ColorJitter", "brightness": 0.2}]
+    )
+    (jitter,) = build.torchvision_transforms(nodes)
+    assert type(jitter).__name__ == "ColorJitter" and jitter.brightness == (0.8, 1.2)
+    with pytest.raises(ConfigError) as refused:
+        build.torchvision_transforms(OmegaConf.create([{"_target_": "x.Nope"}]))
+    assert str(refused.value).startswith(
+        "augment.transforms[0]='x.Nope' is not allowed: cannot build"
+    )
+    with pytest.raises(ConfigError, match=r"augment\.transforms\[1\]=.*given by _target_"):
+        build.torchvision_transforms(
+            OmegaConf.create([{"_target_": "torch.nn.Identity"}, {"p": 1}])
+        )
+
+
+def test_a_ranks_batch_is_the_whole_or_its_share():
+    cfg = SimpleNamespace(trainer=SimpleNamespace(batch_size=12, global_batch=False))
+    assert build.rank_batch_size(cfg, 5) == 12
+    cfg.trainer.global_batch = True
+    assert build.rank_batch_size(cfg, 3) == 4 and build.rank_batch_size(cfg, 1) == 12
+    with pytest.raises(ConfigError) as refused:
+        build.rank_batch_size(cfg, 5)
+    assert str(refused.value) == (
+        "trainer.batch_size=12 is not allowed: a multiple of the 5 ranks when "
+        "trainer.global_batch=true"
+    )
+
+
+def test_a_model_is_built_from_its_stream_with_the_datas_classes_where_it_leaves_them():
+    cfg = compose_config(*tiny())
+    first, again = build.model(cfg, 3), build.model(cfg, 3)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(first.state_dict().values(), again.state_dict().values(), strict=True)
+    )
+    other = build.model(cfg, 4)
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(first.state_dict().values(), other.state_dict().values(), strict=True)
+    )
+    left = compose_config(*tiny("model.num_classes=null"))
+    assert build.model(left, 0, num_classes=7)(torch.zeros(1, 3, 32, 32)).shape == (1, 7)
+    fixed = build.model(cfg, 0, num_classes=7)
+    assert fixed(torch.zeros(1, 3, 32, 32)).shape[1] == cfg.model.num_classes, "its own kept"
+
+
+def test_a_model_or_objective_that_cannot_be_built_is_one_line():
+    cfg = compose_config(*tiny("model._target_=torch.nn.Nope"))
+    with pytest.raises(ConfigError, match=r"^model\._target_='torch\.nn\.Nope' .*could not build"):
+        build.model(cfg, 0)
+    cfg = compose_config(*tiny("model._target_=builtins.dict"))
+    with pytest.raises(ConfigError, match=r"must build a torch nn\.Module"):
+        build.model(cfg, 0)
+    cfg = compose_config(*tiny("objective._target_=torch.nn.Nope"))
+    with pytest.raises(ConfigError, match=r"^objective\._target_='torch\.nn\.Nope'"):
+        build.objective(cfg)
+    cfg = compose_config(*tiny("objective._target_=builtins.dict"))
+    with pytest.raises(ConfigError, match=r"must build a callable \(logits, targets\)"):
+        build.objective(cfg)
+
+
+def test_fit_images_must_be_a_whole_number():
+    class Fits(nn.Linear):
+        fit_images = 0
+
+        def fit_to_data(self, images):
+            raise AssertionError("not reached")
+
+    cfg = compose_config(*tiny())
+    with pytest.raises(ConfigError, match=r"^model\.fit_images=0 is not allowed: an integer >= 1"):
+        build.fit_to_data(Fits(1, 1), cfg, build.splits(cfg, 0), 0)
+    build.fit_to_data(nn.Linear(1, 1), cfg, None, 0)  # nothing to fit: the data is not read
+
+
+def test_an_optimizer_that_cannot_be_built_is_one_line():
+    cfg = compose_config(*tiny("+optimizer.momentun=0.9"))
+    precision = Precision("off", torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"^optimizer\._target_=.*could not build it: .*momentun"):
+        build.optimizer(cfg, Net(), precision)
+    built = build.optimizer(compose_config(*tiny()), Net(), precision)
+    assert len(built.param_groups) >= 1
+
+
+def test_one_process_runs_the_model_itself_and_sync_batchnorm_needs_a_gpu():
+    from repro.runtime.distributed import Context
+
+    model = Net()
+    assert build.data_parallel(model, True, Context(), torch.device("cpu")) is model
+    with pytest.raises(ConfigError, match="false on CPU: torch's SyncBatchNorm runs on GPUs only"):
+        build.data_parallel(model, True, Context(world=2), torch.device("cpu"))
+
+
+def test_device_batches_are_normalised_in_the_models_format_on_a_gpu_only(monkeypatch):
+    made = []
+    monkeypatch.setattr(build, "DeviceBatches", lambda *args: made.append(args))
+    cfg = compose_config(*tiny("memory_format=channels_last"))
+    build.device_batches(cfg, torch.device("cpu"))
+    build.device_batches(cfg, torch.device("cuda"), {"mean": [0, 0, 0], "std": [1, 1, 1]})
+    norm = build.normalisation(cfg)
+    assert made[0] == (torch.device("cpu"), norm["mean"], norm["std"], torch.contiguous_format)
+    assert made[1] == (torch.device("cuda"), [0, 0, 0], [1, 1, 1], torch.channels_last)
+
+
+def test_a_model_with_parameters_of_its_own_fine_tunes_by_depth():
+    from torchvision.models import VisionTransformer
+
+    vit = VisionTransformer(
+        32, 16, num_layers=1, num_heads=1, hidden_dim=8, mlp_dim=8, num_classes=3
+    )
+    depths, count = build.layer_ids(vit)  # its class token is no module's
+    assert depths["class_token"] == 0 == depths["conv_proj.weight"] and count == 3
+    groups = build._parameter_groups(vit, {**SGD, "layer_decay": 0.5})
+    by_name = {name: group for group in groups for name in names_of(vit, group)}
+    assert by_name["class_token"]["lr"] == pytest.approx(0.025)
+    assert by_name["heads.head.weight"]["lr"] == pytest.approx(0.1)
