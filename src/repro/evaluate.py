@@ -83,10 +83,9 @@ def evaluate_checkpoint(
     names = run.state.get("classes") or list(data.classes)
     with Batches(loader) as batches:
         one_pass = batches.take(len(loader))
-        result = evaluate(
-            run.model, one_pass, run.to_device, prepare, autocast, tta=run.tta, classes=classes,
-            objective=run.objective, scores=scores, label_names=names,
-        )  # fmt: skip
+        options = {"tta": run.tta, "classes": classes, "objective": run.objective}
+        options |= {"scores": scores, "label_names": names}
+        result = evaluate(run.model, one_pass, run.to_device, prepare, autocast, **options)
     if per_class and not single_label:  # each label's average precision and F1
         result["per_label"] = [
             {"label": name, "ap": result[f"ap_{key}"], "f1": result[f"f1_{key}"]}
