@@ -22,7 +22,10 @@ def run_without_hash_seed(run_dir, value: str | None):
     return read_summary(run_dir)["env"]["pythonhashseed"]
 
 
+# Two trainings in processes of their own: in test-all. make test keeps the re-exec itself
+# (test_launch.py) and the value recorded (test_seeding.py, test_environment.py).
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_entry_point_pins_the_hash_seed_and_respects_the_users(tmp_path):
     assert run_without_hash_seed(tmp_path / "unset", None) == "0"
     assert run_without_hash_seed(tmp_path / "user", "123") == "123"

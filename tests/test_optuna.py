@@ -129,12 +129,13 @@ def test_the_pruner_stops_a_hopeless_trial_and_the_report_says_so(tmp_path, imag
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # a sweep's start-up: test-all; test_run_lock has the lock's own promises
 def test_a_second_sweep_on_a_study_in_use_is_refused_in_one_line(tmp_path):
     sweep_dir = tmp_path / "sweep"
     assert run_lock.try_claim(sweep_dir) is None  # this process is the live sweep
     try:
-        done = run_cli("repro.train", "-m", "hparams_search=lr_wd", *SWEEP,
-                       f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+        command = ["-m", "hparams_search=lr_wd", *SWEEP, f"hydra.sweep.dir={sweep_dir}"]
+        done = run_cli("repro.train", *command)
     finally:
         run_lock.release(sweep_dir)
     assert done.returncode == 2
