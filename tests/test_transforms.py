@@ -123,7 +123,7 @@ def test_draws_already_on_the_devices_stay_as_they_are():
     assert all(out is draw for out, draw in zip(kept, draws, strict=True))
     moved = transforms.on_device_of(torch.zeros(2, device="meta"), *draws)
     assert [draw.device.type for draw in moved] == ["meta", "meta"]
-    with pytest.raises(AssertionError, match="one dtype"):
+    with pytest.raises(AssertionError, match=r"^one dtype, one device"):
         transforms.on_device_of(torch.zeros(2, device="meta"), draws[0], draws[1].float())
 
 
@@ -151,10 +151,43 @@ def test_a_resize_never_makes_a_side_shorter_than_asked():
 
 
 def test_a_centre_crop_takes_the_middle_rounding_up_and_left():
-    picture = image(6, 9)
-    assert torch.equal(CenterCrop(3)(picture, None), picture[:, 1:4, 3:6])
+    picture = image(8, 9)
+    assert torch.equal(CenterCrop(3)(picture, None), picture[:, 2:5, 3:6])
     batch = CenterCrop(3).batch(torch.stack([picture, picture]), None)
-    assert batch.is_contiguous() and torch.equal(batch[1], picture[:, 1:4, 3:6])
+    assert batch.is_contiguous() and torch.equal(batch[1], picture[:, 2:5, 3:6])
+
+
+def test_a_pipeline_splits_into_its_per_sample_head_and_its_batchable_tail():
+    resize, crop, flip = ResizeShorter(8), RandomCrop(4, 1), HorizontalFlip()
+    extra = TorchvisionSteps([abs])
+    for steps, head in [
+        ([resize, crop, flip], [resize]),
+        ([crop, extra, flip], [crop, extra]),
+        ([crop, flip], []),
+        ([resize], [resize]),
+        ([], []),
+    ]:
+        per_sample, tail = transforms.Compose(steps).split()
+        assert per_sample.steps == head and tail.steps == steps[len(head) :], steps
+
+
+def test_the_defaults_pad_with_zeros_and_resize_bilinearly():
+    assert (RandomCrop(4).padding, RandomCrop(4).mode) == (0, "zeros")
+    assert ResizeShorter(4).mode == "bilinear" and HorizontalFlip().p == 0.5
+    crop, flip = transforms.build(True, 8, None, 2).steps
+    assert crop.mode == "zeros" and not flip.alternate
+    resize, _ = transforms.build(False, 8, 10, 2).steps
+    assert resize.mode == "bilinear"
+
+
+def test_a_resize_that_overshoots_is_clamped_to_bytes():
+    edges = torch.zeros(1, 4, 4, dtype=torch.uint8)
+    edges[:, ::2, ::2] = 255  # enlarged, a bicubic kernel overshoots both ways at such edges
+    raw = functional.interpolate(
+        edges[None].float(), size=(9, 9), mode="bicubic", antialias=True, align_corners=False
+    )[0].round()
+    assert raw.min() < 0 and raw.max() > 255
+    assert torch.equal(ResizeShorter(9, "bicubic")(edges, None), raw.clamp(0, 255).to(torch.uint8))
 
 
 def test_torchvision_steps_draw_from_the_samples_keys_and_leave_torchs_generator():
@@ -165,8 +198,11 @@ def test_torchvision_steps_draw_from_the_samples_keys_and_leave_torchs_generator
         return picture + 1
 
     keys = SampleKeys(STREAM, 3, 5)
-    seed = keys.bits(transforms.TORCHVISION_SEED_HIGH) << 32 | keys.bits(
-        transforms.TORCHVISION_SEED_LOW
+    seed = keys.bits(transforms.TORCHVISION_SEED_LOW)
+    # The high word a 64-bit seed would add: torch's CPU generator reads the low 32 bits only.
+    wide = torch.Generator().manual_seed(keys.bits(transforms.TORCHVISION_SEED_HIGH) << 32 | seed)
+    assert torch.equal(
+        torch.rand(3, generator=wide), torch.rand(3, generator=torch.Generator().manual_seed(seed))
     )
     torch.manual_seed(0)
     before = torch.get_rng_state()

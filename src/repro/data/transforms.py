@@ -238,7 +238,9 @@ class TorchvisionSteps:
 
     def __call__(self, image: torch.Tensor, keys: SampleKeys | None) -> torch.Tensor:
         assert keys is not None
-        seed = keys.bits(TORCHVISION_SEED_HIGH) << 32 | keys.bits(TORCHVISION_SEED_LOW)
+        # torch's CPU generator seeds its Mersenne Twister from a seed's low 32 bits alone: 32
+        # bits are all the seed there is (draw TORCHVISION_SEED_HIGH stays reserved, unused).
+        seed = keys.bits(TORCHVISION_SEED_LOW)
         generator = torch.default_generator
         saved = generator.get_state()
         generator.manual_seed(seed)
