@@ -63,6 +63,32 @@ def test_batches_start_the_loader_once_and_hand_out_what_it_yields():
     assert next(batches) == 0 and starts == [1, 1]
 
 
+def test_an_errors_frames_let_the_failed_iterator_go():
+    import gc
+    import weakref
+
+    class Failing:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise RuntimeError("a worker died")
+
+    class Loader:
+        def __iter__(self):
+            made = Failing()
+            handles.append(weakref.ref(made))
+            return made
+
+    handles: list = []
+    batches = Batches(Loader())
+    with pytest.raises(RuntimeError) as raised:
+        next(batches)
+    gc.collect()
+    assert handles[0]() is None, "nothing holds the iterator: its workers can stop now"
+    assert raised.value.__traceback__ is not None, "the traceback itself still prints"
+
+
 def test_an_error_from_the_loader_closes_it_and_goes_on_up():
     def failing():
         yield 1
@@ -87,12 +113,15 @@ def test_a_training_sample_is_its_image_through_the_pipeline_with_its_own_keys()
     source = in_memory()
     pipeline = transforms.build(True, 6, None, crop_padding=2)
     view = TrainView(source, pipeline, STREAM)
+    assert view.maker is not None and view.maker.stream == STREAM, "in memory: whole batches"
     image, label = view[(3, 5)]
     assert torch.equal(image, pipeline(source.images[5], SampleKeys(STREAM, 3, 5)))
     assert label == 5 and len(view) == 12
     batch = view.__getitems__([(3, 5), (3, 0), (3, 5)])
     assert isinstance(batch, Batch) and batch.labels.tolist() == [5, 0, 5]
     assert torch.equal(batch.images[0], image) and torch.equal(batch.images[2], image)
+    alone = view.__getitems__([(3, 5)])  # a batch of one
+    assert torch.equal(alone.images[0], image)
 
 
 def test_a_training_batch_read_one_by_one_has_the_same_bytes_as_in_memory():
@@ -101,7 +130,9 @@ def test_a_training_batch_read_one_by_one_has_the_same_bytes_as_in_memory():
     pipeline = transforms.build(True, 6, None, crop_padding=2, cutout=2)
     keys = [(1, index) for index in (7, 2, 9)]
     from_memory = TrainView(source, pipeline, STREAM).__getitems__(keys)
-    one_by_one = TrainView(listed, pipeline, STREAM).__getitems__(keys)
+    read = TrainView(listed, pipeline, STREAM)
+    assert read.maker is None
+    one_by_one = read.__getitems__(keys)
     assert torch.equal(from_memory.images, one_by_one.images)
     assert torch.equal(from_memory.labels, one_by_one.labels)
 
@@ -112,6 +143,9 @@ def test_a_prepared_batch_leaves_the_view_prepared_and_through_a_slot_when_there
     view.prepare = lambda images, labels: (images.float() / 2, labels + 100)
     batch = view.__getitems__([(0, 1), (0, 2)])
     assert batch.images.dtype == torch.float32 and batch.labels.tolist() == [101, 102]
+    listed = TrainView(Listed(list(source.images), list(source.labels)), view.transform, STREAM)
+    listed.prepare = view.prepare
+    assert listed.__getitems__([(0, 1), (0, 2)]).labels.tolist() == [101, 102]
     view.slots = SimpleNamespace(put=lambda made: ("in a slot", made))
     where, made = view.__getitems__([(0, 1), (0, 2)])
     assert where == "in a slot" and made.labels.tolist() == [101, 102]
@@ -129,12 +163,14 @@ def test_an_evaluation_batch_is_its_images_through_the_eval_pipeline_in_either_p
     source = in_memory()
     pipeline = transforms.Compose([transforms.CenterCrop(4)])
     view = EvalView(source, pipeline)
+    assert view.maker is not None
     image, label = view[3]
     assert torch.equal(image, source.images[3][:, 1:5, 1:5]) and label == 3 and len(view) == 12
     batch = view.__getitems__(range(2, 5))
     assert torch.equal(batch.images, source.images[2:5, :, 1:5, 1:5])
     assert batch.labels.tolist() == [2, 3, 4]
     listed = EvalView(Listed(list(source.images), list(source.labels)), pipeline)
+    assert listed.maker is None
     assert torch.equal(listed.__getitems__(range(2, 5)).images, batch.images)
 
 
@@ -203,8 +239,8 @@ def test_a_loaders_options_in_this_process_and_with_workers():
     assert options["num_workers"] == 0 and options["pin_memory"] is True
     assert options["worker_init_fn"] is start_worker and options["collate_fn"] is loader.collate
     assert options["generator"].initial_seed() == stream_seed(5, "loader")
-    workers = loader._loader_options(loader_cfg(2, prefetch=5), LoaderContext(root_seed=5))
-    assert workers["num_workers"] == 2 and workers["prefetch_factor"] == 5
+    workers = loader._loader_options(loader_cfg(1, prefetch=5), LoaderContext(root_seed=5))
+    assert workers["num_workers"] == 1 and workers["prefetch_factor"] == 5
     assert workers["pin_memory"] is False
     start = torch.multiprocessing.get_all_start_methods()[0]
     assert workers["multiprocessing_context"] == start
@@ -229,6 +265,10 @@ def test_the_train_loader_samples_this_ranks_batches_in_the_sources_own_order():
     assert sampler.epoch_order == source.epoch_order
     assert built.dataset.stream == stream_seed(9, "augment")
     assert built.dataset.prepare is None and built.dataset.slots is None
+    in_process, _ = loader.train_loader(
+        splits_of(source), pipeline, 4, loader_cfg(0), context, prepare_in_workers=print
+    )
+    assert in_process.dataset.prepare is None, "without workers the training thread prepares"
     _, sampler = loader.train_loader(splits_of(in_memory()), pipeline, 4, loader_cfg(0), context)
     assert sampler.epoch_order is None
 
@@ -238,14 +278,14 @@ def test_workers_get_the_preparation_and_slots_for_whole_batches():
         return images.float(), labels
 
     pipeline = transforms.build(True, 6, None, crop_padding=1)
-    workers = loader_cfg(2, prefetch=3)
+    workers = loader_cfg(1, prefetch=3)
     splits = splits_of(in_memory())
     built, _ = loader.train_loader(
         splits, pipeline, 4, workers, LoaderContext(0), prepare_in_workers=prepare
     )
     view = built.dataset
     assert view.prepare is prepare
-    assert view.slots.per_worker == 5 and view.slots.images.shape == (10, 4, 3, 6, 6)
+    assert view.slots.per_worker == 5 and view.slots.images.shape == (5, 4, 3, 6, 6)
     assert view.slots.images.dtype == torch.float32
     listed = Listed([picture(6, 6)] * 4, [0, 1, 0, 1])
     flip = transforms.Compose([transforms.HorizontalFlip()])
@@ -260,3 +300,12 @@ def test_the_eval_loader_reads_this_ranks_share_in_stored_order():
     assert list(built.batch_sampler.indices) == [1, 4, 7]
     assert built.batch_sampler.batch_size == 2
     assert isinstance(built.dataset, EvalView)
+
+
+def test_a_training_split_of_one_image_gets_its_loader():
+    one = TensorImages(picture(6, 6)[None], torch.tensor([0]))
+    pipeline = transforms.build(True, 6, None, crop_padding=1)
+    built, sampler = loader.train_loader(
+        splits_of(one), pipeline, 1, loader_cfg(1), LoaderContext(0)
+    )
+    assert built.dataset.slots.images.shape == (5, 1, 3, 6, 6) and sampler.size == 1
