@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 import torch
@@ -112,9 +113,12 @@ def test_an_image_folder_gives_its_classes_sorted_and_its_splits(tmp_path):
 
 
 def test_without_val_a_part_of_train_is_held_out_and_without_test_val_is_tested(tmp_path):
-    root = tree(tmp_path, {"train": ["a/1.png", "a/2.png", "b/1.png", "b/2.png"]})
+    root = tree(tmp_path, {"train": ["a/1.png", "a/2.png", "b/1.png", "b/2.png", "b/3.png"]})
     splits = datasets.imagefolder(folder_cfg(root), 3)
-    assert len(splits.train) == 3 and len(splits.val) == 1 and splits.test is splits.val
+    assert len(splits.train) == 4 and len(splits.val) == 1 and splits.test is splits.val
+    files = ImageFiles.from_folder(root / "train", ["a", "b"])
+    _, held_out = datasets.carve_validation(files, 1, 3)
+    assert splits.val.paths == held_out.paths, "held out by the run's seed"
 
 
 @pytest.mark.parametrize(
@@ -164,7 +168,13 @@ def test_cifar10_unavailable_says_how_to_get_it(tmp_path):
 
 
 def two_splits(cfg, seed):
-    return Splits(held(10), held(4, 10), held(6, 20), ["x", "y"])
+    return Splits(held(40), held(16, 40), held(24, 60), ["x", "y"])
+
+
+def by_seed(cfg, seed):
+    """The builder's seed decides its validation split, as carve_validation's does."""
+    train, val = datasets.carve_validation(held(20), 5, seed)
+    return Splits(train, val, held(2, 50), ["x", "y"])
 
 
 def one_argument(cfg):
@@ -192,21 +202,36 @@ def not_splits(cfg, seed):
 
 
 def test_a_builder_must_return_splits():
-    with pytest.raises(ConfigError, match=r"returned list; use a builder that returns repro\."):
+    with pytest.raises(ConfigError) as refused:
         datasets.build_splits(data_cfg("not_splits"), 0)
+    assert str(refused.value) == (
+        f"data._target_='{__name__}.not_splits' is not allowed: returned list; use a builder "
+        "that returns repro.data.datasets.Splits"
+    )
 
 
 def test_a_fraction_keeps_a_seeded_part_of_every_split_in_order():
     splits = datasets.build_splits(data_cfg(fraction=0.25), split_seed=4)
-    assert [len(splits.train), len(splits.val), len(splits.test)] == [2, 1, 2]
-    order = torch.randperm(10, generator=torch_generator(4, "fraction/train"))
-    assert numbers(splits.train) == sorted(order[:2].tolist())
-    order = torch.randperm(6, generator=torch_generator(4, "fraction/test"))
-    assert numbers(splits.test) == sorted((order[:2] + 20).tolist())
+    assert [len(splits.train), len(splits.val), len(splits.test)] == [10, 4, 6]
+    for name, size, first in (("train", 40, 0), ("val", 16, 40), ("test", 24, 60)):
+        order = torch.randperm(size, generator=torch_generator(4, f"fraction/{name}"))
+        kept = round(size * 0.25)
+        assert numbers(getattr(splits, name)) == sorted((order[:kept] + first).tolist()), name
     whole = datasets.build_splits(data_cfg(fraction=1.0), split_seed=4)
-    assert [len(whole.train), len(whole.val), len(whole.test)] == [10, 4, 6]
+    assert [len(whole.train), len(whole.val), len(whole.test)] == [40, 16, 24]
+    built = two_splits(None, 0)
+    assert datasets._keep_fractions(built, OmegaConf.create({"fraction": 1.0}), 4) is built
+    assert datasets._keep_fractions(built, OmegaConf.create({}), 4) is built, "older configs"
     tiny = datasets.build_splits(data_cfg(fraction=0.01), split_seed=4)
     assert [len(tiny.train), len(tiny.val), len(tiny.test)] == [1, 1, 1]
+
+
+def test_the_builder_gets_the_runs_seed():
+    first = datasets.build_splits(data_cfg("by_seed"), split_seed=1)
+    assert numbers(first.val) == numbers(by_seed(None, 1).val)
+    assert numbers(datasets.build_splits(data_cfg("by_seed"), split_seed=2).val) != numbers(
+        first.val
+    )
 
 
 def val_tested(cfg, seed):
@@ -227,6 +252,7 @@ def test_files_are_decoded_once_per_split_and_an_empty_split_stays_in_memory(mon
     decoded = []
 
     def decode(source, cfg, name, progress):
+        assert cfg is settings
         decoded.append((name, len(source), progress))
         return held(len(source), 100 * len(decoded))
 
@@ -234,22 +260,30 @@ def test_files_are_decoded_once_per_split_and_an_empty_split_stays_in_memory(mon
     files = ImageFiles([Path(f"{i}.png") for i in range(3)], [0, 1, 0])
     empty = ImageFiles([], [])
     splits = Splits(files, empty, files, ["a", "b"], any_size=True)
-    out = datasets.decode_splits(splits, SimpleNamespace(), progress="on")
+    settings = SimpleNamespace()
+    out = datasets.decode_splits(splits, settings, progress="on")
     assert decoded == [("train", 3, "on")]
     assert out.train is out.test and numbers(out.train) == [100, 101, 102]
-    assert isinstance(out.val, TensorImages) and len(out.val) == 0
+    assert isinstance(out.val, TensorImages) and len(out.val) == 0 == len(out.val.images)
     assert out.val.images.shape[1:] == out.train.images.shape[1:]
     assert out.resized and out.any_size
     in_memory = Splits(held(2), held(1), held(1), ["a"])
     assert datasets.decode_splits(in_memory, SimpleNamespace()) is in_memory
     assert len(decoded) == 1
+    held_empty = held(0)
+    mixed = datasets.decode_splits(Splits(files, held_empty, held(1), ["a", "b"]), settings)
+    assert mixed.val is held_empty, "an empty split already in memory is kept as it is"
 
 
 def test_build_splits_decodes_only_with_data_cache_memory(monkeypatch):
     asked = []
-    monkeypatch.setattr(
-        datasets, "decode_splits", lambda splits, cfg, progress: asked.append(progress) or splits
-    )
+
+    def decode_splits(splits, cfg, progress):
+        assert isinstance(splits, Splits) and cfg.cache == "memory"
+        asked.append(progress)
+        return splits
+
+    monkeypatch.setattr(datasets, "decode_splits", decode_splits)
     datasets.build_splits(data_cfg(cache="none"), 0)
     datasets.build_splits(data_cfg(), 0)
     assert asked == []
@@ -318,6 +352,8 @@ def test_a_setting_the_builder_does_not_take_as_given_is_one_line(own, message):
     with pytest.raises(ConfigError) as refused:
         datasets.check_settings(labelled, settings(**own))
     assert str(refused.value).startswith(message)
+    if "zzz" in message:
+        assert str(refused.value) == message, "no closest key: nothing more said"
 
 
 def test_a_builder_with_keyword_arguments_takes_any_setting():
@@ -393,3 +429,75 @@ def test_the_declared_keys_are_typed_in_place_and_a_missing_one_is_named():
     with pytest.raises(ConfigError) as wrong:
         datasets.typed_data(OmegaConf.create({"image_size": "big"}))
     assert str(wrong.value) == "data.image_size='big' is not allowed: a value of type int"
+
+
+class FakeCifar:
+    """torchvision's CIFAR10 as far as the builder reads it: HWC uint8 data and targets."""
+
+    made: ClassVar[list] = []
+
+    def __init__(self, root: str, train: bool, download: bool) -> None:
+        FakeCifar.made.append((root, train, download))
+        count = 12 if train else 4
+        self.data = (
+            (torch.arange(count * 4 * 4 * 3) % 256).to(torch.uint8).view(count, 4, 4, 3).numpy()
+        )
+        self.targets = [index % 3 for index in range(count)] if train else [2, 1, 0, 2]
+        self.classes = ["plane", "car", "bird"]
+
+
+def test_cifar10_comes_from_torchvision_as_chw_tensors_with_a_seeded_validation_split(
+    tmp_path, monkeypatch
+):
+    import torchvision.datasets
+
+    FakeCifar.made = []
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", FakeCifar)
+    cfg = OmegaConf.create({"root": str(tmp_path), "download": True, "val_size": 3})
+    splits = datasets.cifar10(cfg, 5)
+    assert FakeCifar.made == [(str(tmp_path), True, True), (str(tmp_path), False, True)]
+    train = FakeCifar(str(tmp_path), True, True)
+    chw = torch.from_numpy(train.data).permute(0, 3, 1, 2)
+    fit, val = datasets.carve_validation(TensorImages(chw, torch.tensor(train.targets)), 3, 5)
+    assert torch.equal(splits.train.images, fit.images) and torch.equal(
+        splits.val.images, val.images
+    )
+    assert splits.train.images.is_contiguous() and splits.train.images.shape[1:] == (3, 4, 4)
+    assert splits.val.labels.tolist() == val.labels.tolist()
+    assert splits.test.labels.tolist() == [2, 1, 0, 2] and splits.test.images.shape == (4, 3, 4, 4)
+    assert splits.classes == ["plane", "car", "bird"]
+
+
+def test_cifar10_missing_says_to_download_only_when_it_may_not(tmp_path, monkeypatch):
+    import torchvision.datasets
+
+    def missing(root, train, download):
+        raise RuntimeError("Dataset not found")
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", missing)
+    for download, hint in [
+        (False, " set data.download=true on a machine with internet"),
+        (True, " "),
+    ]:
+        cfg = OmegaConf.create({"root": str(tmp_path), "download": download, "val_size": 1})
+        with pytest.raises(DataError) as refused:
+            datasets.cifar10(cfg, 0)
+        assert str(refused.value) == (
+            f"data.root={tmp_path}: CIFAR-10 unavailable (Dataset not found){hint}"
+        )
+    with pytest.raises(ConfigError) as refused:
+        datasets.cifar10(OmegaConf.create({"root": None, "download": False, "val_size": 1}), 0)
+    assert str(refused.value).endswith(
+        "a folder path: the folder CIFAR-10 is in (or is downloaded into)"
+    )
+
+
+def test_an_image_folder_without_a_root_says_what_it_needs():
+    with pytest.raises(ConfigError) as refused:
+        datasets.imagefolder(
+            OmegaConf.create({"root": None, "num_classes": None, "val_size": 1}), 0
+        )
+    assert str(refused.value) == (
+        "data.root=None is not allowed: a folder path: a folder holding train/ (and val/, "
+        "test/), one subfolder per class"
+    )
