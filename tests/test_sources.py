@@ -165,3 +165,30 @@ def test_an_image_file_gives_its_pixels_and_its_target(tmp_path):
     target = torch.tensor([1.0, 0.0])
     image, label = ImageFiles([tmp_path / "a.png"], [target])[0]
     assert image.shape == (3, 4, 6) and label is target
+
+
+def test_a_grey_file_read_by_pil_comes_out_in_three_channels(tmp_path):
+    Image.fromarray(pixels()[..., 1]).save(tmp_path / "grey.bmp")
+    decoded = sources.decode_file(tmp_path / "grey.bmp")
+    assert decoded.shape == (3, 4, 6) and torch.equal(decoded[0], decoded[2])
+
+
+def test_an_image_over_the_pixel_cap_is_refused_naming_its_file(tmp_path):
+    import struct
+
+    header = struct.pack(">IIBBBBB", 2**15, 2**15, 8, 2, 0, 0, 0)
+    huge = tmp_path / "huge.png"
+    huge.write_bytes(b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + header)
+    with pytest.raises(DataError) as refused:
+        sources.decode_file(huge)
+    assert str(refused.value).startswith(f"{huge}: an image of 32768 x 32768 pixels")
+
+
+@pytest.mark.parametrize(
+    "images",
+    [torch.zeros(2, 1, 2, 2), torch.zeros(2, 2, 2, dtype=torch.uint8)],
+    ids=["float", "three dimensions"],
+)
+def test_tensor_images_are_uint8_and_four_dimensional(images):
+    with pytest.raises(AssertionError):
+        TensorImages(images, torch.tensor([0, 1]))
