@@ -47,6 +47,9 @@ def test_a_stream_generator_is_seeded_with_its_stream_seed():
     generator = seeding.torch_generator(4, "split", 2, rank=1)
     assert generator.initial_seed() == seeding.stream_seed(4, "split", 2, rank=1)
     assert generator.device == torch.device("cpu")
+    assert seeding.torch_generator(4, "split", 2).initial_seed() == seeding.stream_seed(
+        4, "split", 2
+    )
 
 
 def test_a_fixed_seed_is_the_value_and_a_random_one_is_drawn_and_logged(monkeypatch, caplog):
@@ -106,6 +109,9 @@ def test_integers_and_coin_flips_come_from_the_bits_by_multiply_shift_and_thresh
         flips = keys.below(3, probability)
         assert flips.dtype == torch.bool and torch.equal(flips, bits < threshold)
     one = SampleKeys(77, 2, 5)
+    value = one.bits(3)
+    assert one.below(3, value / 2**32) is False, "below: the draw equal to the threshold is out"
+    assert one.below(3, (value + 1) / 2**32) is True
     assert one.integers(3, 10) == (one.bits(3) * 10) >> 32
     assert one.below(3, 0.5) is (one.bits(3) < 2**31)
 
@@ -160,12 +166,13 @@ def handlers_restored():
 def test_a_worker_ignores_ctrl_c_keeps_sigterm_and_seeds_from_torch(handlers_restored):
     signal.signal(signal.SIGTERM, lambda *_: None)  # as the main process's checkpointing
     signal.signal(signal.SIGUSR1, lambda *_: None)
-    torch.manual_seed(2**40 + 9)
+    signal.signal(signal.SIGINT, lambda *_: None)  # whatever the parent had (pytest's, say)
+    torch.manual_seed(2**32 + 2**31 + 9)
     seeding.seed_worker(0)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
-    worker_seed = (2**40 + 9) % 2**32
+    worker_seed = 2**31 + 9  # torch's 64-bit seed, cut to numpy's 32 bits
     assert random.random() == random.Random(worker_seed).random()
     assert np.random.rand() == np.random.RandomState(worker_seed).rand()
 
@@ -190,3 +197,16 @@ def test_a_seeded_block_draws_from_its_stream_and_puts_the_generator_back(monkey
     assert torch.equal(inside, torch.rand(4, generator=stream))
     assert torch.equal(torch.get_rng_state(), before)
     assert reseeded == [], "the GPUs keep their per-rank seeds"
+
+
+def test_a_batch_on_another_device_hashes_its_draw_numbers_there_once(monkeypatch):
+    monkeypatch.setattr(seeding, "_DRAW_KEYS", {})
+    meta = torch.device("meta")
+    keys = SampleKeys(3, 1, torch.arange(6, device=meta))
+    drawn = keys.bits(5)
+    assert drawn.device == meta and drawn.shape == (6,)
+    (key,) = seeding._DRAW_KEYS
+    cached = seeding._DRAW_KEYS[key]
+    assert key == (meta, 1) and cached.device == meta and cached.shape == (seeding.DRAW_BLOCK,)
+    SampleKeys(4, 2, torch.arange(3, device=meta)).bits(6)
+    assert seeding._DRAW_KEYS[key] is cached, "sent to the device once, not per batch"
