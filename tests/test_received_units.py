@@ -372,3 +372,167 @@ def test_a_refusal_keeps_its_reason_and_names_the_file_printably():
     error = ReceivedFileError("run/\x1b[31mred.json", "why")
     assert error.why == "why" and "\x1b" not in str(error)
     assert json.dumps(str(error))
+
+
+# ---- each reader keeps the folder the command named ----------------------------------------
+
+
+@pytest.fixture
+def linked_in(run, tmp_path):
+    """A folder of the run that is a link to one outside it, holding one file of each kind."""
+    outside = tmp_path / "other"
+    outside.mkdir()
+    (outside / "record.yaml").write_text("a: 1\n")
+    (outside / "record.json").write_text('{"a": 1}')
+    torch.save({"a": torch.zeros(1)}, outside / "last.pt")
+    (run / "linked").symlink_to(outside)
+    return run / "linked"
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda folder, run: received.read_bytes(folder / "record.yaml", "record", run),
+        lambda folder, run: received.read_text(folder / "record.yaml", root=run),
+        lambda folder, run: received.load_yaml(folder / "record.yaml", run),
+        lambda folder, run: received.load_json(folder / "record.json", root=run),
+        lambda folder, run: received.load_checkpoint(folder / "last.pt", run),
+        lambda folder, run: received.load_checkpoint(folder / "last.pt", run, mmap=True),
+    ],
+    ids=["bytes", "text", "yaml", "json", "checkpoint", "mapped checkpoint"],
+)
+def test_every_reader_refuses_a_file_reached_out_of_the_folder_named(run, linked_in, read):
+    with pytest.raises(ReceivedFileError, match="lies outside"):
+        read(linked_in, run)
+
+
+def test_a_second_name_outside_alone_is_refused(run, tmp_path):
+    os.link(run / "summary.json", tmp_path / "outside.json")
+    assert "has a hard link outside its folder" in refusal(run / "summary.json", root=run)
+
+
+def test_a_link_inside_to_a_file_linked_from_outside_is_not_a_name_of_it(run, tmp_path):
+    os.link(run / "summary.json", tmp_path / "outside.json")
+    (run / "alias.json").symlink_to(run / "summary.json")
+    assert "has a hard link outside its folder" in refusal(run / "summary.json", root=run)
+
+
+def test_a_file_gone_while_the_folder_is_walked_does_not_stop_the_count(run, monkeypatch):
+    os.link(run / "summary.json", run / "second")
+    monkeypatch.setattr(received.os, "walk", lambda root: [(str(run), [], ["gone", "second"])])
+    assert received._links_inside(run, os.stat(run / "summary.json")) == 1
+
+
+def test_a_socket_names_the_systems_reason_alone(run):
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(run / "socket"))
+        assert (
+            refusal(run / "socket")
+            == f"{run / 'socket'}: cannot be read (No such device or address)"
+        )
+    finally:
+        server.close()
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_however_it_is_read(run, capsys):
+    torch.save({"x": Payload()}, run / "bad.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        received.load_checkpoint(run / "bad.pt", mmap=True)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        received.parse_checkpoint((run / "bad.pt").read_bytes(), "bad.pt")
+    assert "ran" not in capsys.readouterr().out
+
+
+def test_each_shape_refusal_names_its_source(run):
+    torch.save(nested(received.MAX_DEPTH + 1), run / "deep.pt")
+    with pytest.raises(ReceivedFileError, match=rf"^{run / 'deep.pt'}: nested deeper"):
+        received.load_checkpoint(run / "deep.pt")
+    with pytest.raises(ReceivedFileError, match=r"^x\.pt: nested deeper"):
+        received.parse_checkpoint((run / "deep.pt").read_bytes(), "x.pt")
+    with pytest.raises(ReceivedFileError, match=r"^a\.json: nested deeper"):
+        received.parse_json("[" * 70 + "]" * 70, "a.json")
+
+
+def test_each_level_of_a_mapping_counts_once():
+    value: dict = {}
+    for _ in range(40):
+        value = {"k": value}
+    received.check_shape(value, "x")  # 40 levels: within the cap
+
+
+def test_yaml_damage_without_a_place_or_a_problem_says_what_it_can(monkeypatch):
+    import yaml
+
+    def context_only(text, **options):
+        raise yaml.MarkedYAMLError(context="while parsing a block", problem=None)
+
+    monkeypatch.setattr(received.yaml, "load", context_only)
+    with pytest.raises(ReceivedFileError) as refused:
+        received.parse_yaml("a: 1\n", "c.yaml")
+    assert str(refused.value) == "c.yaml: not valid YAML (while parsing a block)"
+
+    def bare(text, **options):
+        raise yaml.YAMLError("no detail")
+
+    monkeypatch.setattr(received.yaml, "load", bare)
+    with pytest.raises(ReceivedFileError) as refused:
+        received.parse_yaml("a: 1\n", "c.yaml")
+    assert str(refused.value) == "c.yaml: not valid YAML"
+
+
+def test_yaml_damage_names_its_line_and_problem():
+    cases = {
+        "a: [1, 2\n": "not valid YAML at line 2 (did not find expected ',' or ']')",
+        "a: *nope\n": "not valid YAML at line 1 (found undefined alias)",
+    }
+    for text, said in cases.items():
+        with pytest.raises(ReceivedFileError) as refused:
+            received.parse_yaml(text, "c.yaml")
+        assert str(refused.value) == f"c.yaml: {said}"
+
+
+def jpeg(*segments: bytes) -> bytes:
+    return b"\xff\xd8" + b"".join(segments)
+
+
+def frame(marker: int, width: int = 7, height: int = 5) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">HBHH", 17, 8, height, width)
+
+
+def segment(marker: int, length: int = 4) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", length) + b"\x00" * (length - 2)
+
+
+@pytest.mark.parametrize("marker", [0xC0, 0xC2, 0xCF])
+def test_a_jpeg_frame_of_any_kind_gives_the_size(marker):
+    assert received.image_size(jpeg(frame(marker))) == (7, 5), "a header ending at the frame"
+
+
+@pytest.mark.parametrize("marker", [0xC4, 0xC8, 0xCC, 0xD0, 0xE1])
+def test_segments_that_are_no_frame_are_skipped(marker):
+    assert received.image_size(jpeg(segment(marker, 6), frame(0xC0))) == (7, 5)
+
+
+def test_a_jpeg_larger_than_a_signed_short_is_measured_whole():
+    assert received.image_size(jpeg(frame(0xC0, width=40_000, height=50_000))) == (40_000, 50_000)
+    long_segment = segment(0xE1, 0x8000)
+    assert received.image_size(jpeg(long_segment, frame(0xC0))) == (7, 5)
+
+
+def test_a_truncated_jpeg_has_no_size():
+    data = jpeg(segment(0xE0, 16), frame(0xC0))
+    assert received._jpeg_size(data[:21]) is None
+
+
+def test_a_png_header_of_exactly_its_size_and_a_width_past_a_signed_int():
+    assert received.image_size(huge_png(3, 4)[:24]) == (3, 4)
+    with pytest.raises(ReceivedFileError, match="pixels, more than"):
+        received.check_pixels(huge_png(2**31, 1), "wide.png")
+
+
+def test_an_image_pil_itself_calls_a_bomb_names_its_file():
+    data = encoded("BMP")
+    data = data[:18] + struct.pack("<ii", 2**16, 2**16) + data[26:]
+    with pytest.raises(ReceivedFileError, match=r"^bomb\.bmp: "):
+        received.check_pixels(data, "bomb.bmp")
