@@ -114,3 +114,13 @@ def test_the_walk_lists_every_entry_and_does_not_follow_links(run, tmp_path):
         "into",
         "metrics.csv",
     ]
+
+
+def test_a_file_with_one_other_name_outside_is_refused_by_that_name(run, tmp_path):
+    os.link(run / "checkpoints" / "step-00000004.pt", tmp_path / "kept-elsewhere.pt")
+    assert folders.problem(run) == (
+        f"{run}: checkpoints/step-00000004.pt has a hard link outside the run folder: it is "
+        "another file's contents; replace it by a copy of its own, or choose another run folder"
+    )
+    with pytest.raises(UnsafeFolderError, match="outside the run folder"):
+        folders.check(run)
