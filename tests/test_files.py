@@ -102,9 +102,14 @@ def test_overwriting_in_place_truncates_only_after_the_checks(tmp_path):
     os.link(state, tmp_path / "second-name")
     with pytest.raises(OSError) as refused:
         files.open_in_place(state, "wb")
-    assert refused.value.errno == errno.EPERM
-    assert "not a regular file, or a file with another hard link: refused" in str(refused.value)
+    assert str(refused.value) == (
+        f"[Errno 1] not a regular file, or a file with another hard link: refused: '{state}'"
+    )
     assert state.read_bytes() == b"ab", "nothing truncated"
+    fresh = tmp_path / "emptied"
+    fresh.write_bytes(b"0123")
+    files.open_in_place(fresh, "wb").close()
+    assert fresh.read_bytes() == b"", "truncated to nothing, even with nothing written"
 
 
 def test_a_link_a_fifo_and_a_second_name_are_refused_leaving_no_descriptor(tmp_path):
@@ -140,7 +145,7 @@ def test_a_fifo_with_a_reader_is_refused_as_no_regular_file(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "whole"),
-    [("a\nb\n", "a\nb\n"), ("a\nb", "a\n"), ("torn", ""), ("", ""), ("\n", "\n")],
+    [("a\nb\n", "a\nb\n"), ("a\nb\nc", "a\nb\n"), ("torn", ""), ("", ""), ("\n", "\n")],
 )
 def test_a_torn_last_line_is_dropped(text, whole):
     assert files.complete_lines(text) == whole
@@ -153,3 +158,15 @@ def test_json_records_are_indented_sorted_and_end_with_a_newline(tmp_path):
     assert text.index('"a"') < text.index('"b"') and text.endswith("}\n")
     files.write_json_atomic(tmp_path / "summary.json", payload)
     assert (tmp_path / "summary.json").read_text() == text
+
+
+def test_appends_from_two_handles_all_land_at_the_end(tmp_path):
+    log = tmp_path / "attempts.jsonl"
+    first = files.open_in_place(log, "ab")
+    second = files.open_in_place(log, "ab")
+    for handle, data in ((first, b"1"), (second, b"2"), (first, b"3")):
+        handle.write(data)
+        handle.flush()
+    first.close()
+    second.close()
+    assert log.read_bytes() == b"123", "each write goes where the file ends now"

@@ -69,11 +69,17 @@ def test_a_run_is_named_once_per_process_and_never_by_a_parents_name(monkeypatch
 
 def test_the_folder_resolvers_give_the_runs_name_once(monkeypatch):
     monkeypatch.setenv("REPRO_RUN", f"{os.getpid()}:2021-02-03/04-05-06:123abc")
+    for name in ("run_id", "run_stamp"):
+        if OmegaConf.has_resolver(name):
+            OmegaConf.clear_resolver(name)
     launch.register_resolvers()
-    cfg = OmegaConf.create({"dir": "${run_stamp:}-${run_id:}", "again": "${run_id:}"})
+    cfg = OmegaConf.create(
+        {"dir": "${run_stamp:}-${run_id:}", "id": "${run_id:}", "stamp": "${run_stamp:}"}
+    )
     assert cfg.dir == "2021-02-03/04-05-06-123abc"
     monkeypatch.setenv("REPRO_RUN", f"{os.getpid()}:2022-02-03/04-05-06:ffffff")
-    assert cfg.again == "123abc", "cached in the config: every reader sees one name"
+    assert cfg.id == "123abc", "cached in the config: every reader sees one name"
+    assert cfg.stamp == "2021-02-03/04-05-06"
 
 
 def test_one_process_keeps_its_arguments(monkeypatch):
@@ -93,7 +99,12 @@ def test_torchrun_ranks_share_rank_zeros_name_and_only_it_writes_hydras_files(mo
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("REPRO_RUN", f"{os.getpid()}:2020-01-01/00-00-00:{rank}{rank}{rank}")
     monkeypatch.delenv("REPRO_DIST_BACKEND", raising=False)
-    monkeypatch.setattr(distributed, "init", lambda context, backend: joined.append(backend))
+
+    def join(context, backend):
+        assert (context.rank, context.world) == (rank, 2)
+        joined.append(backend)
+
+    monkeypatch.setattr(distributed, "init", join)
 
     def from_rank_zero(value, context):
         assert context.rank == rank and context.world == 2
