@@ -57,6 +57,7 @@ def test_a_context_is_enabled_with_two_ranks_and_rank_zero_is_the_main_one():
     [
         ({}, Context()),
         ({"WORLD_SIZE": "1", "RANK": "0"}, Context()),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, Context(rank=1, world=2, local_rank=0)),
         ({"WORLD_SIZE": "3", "RANK": "2"}, Context(rank=2, world=3, local_rank=0)),
         ({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}, Context(3, 4, 1)),
     ],
