@@ -112,13 +112,15 @@ def test_a_cpu_run_records_no_gpu_details():
 @pytest.mark.parametrize(
     ("driver", "nccl", "expected"),
     [
-        ("550.54.15\n550.54.15", (2, 21, 5), {"gpu_driver": "550.54.15", "nccl": "2.21.5"}),
+        ("550.54.15\n535.104.05", (2, 21, 5), {"gpu_driver": "550.54.15", "nccl": "2.21.5"}),
         (None, 2708, {"gpu_driver": None, "nccl": 2708}),
     ],
 )
 def test_a_gpu_run_records_its_capability_driver_and_nccl(monkeypatch, driver, nccl, expected):
     asked = []
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda device: (9, 0) if device.index == 0 else None
+    )
     monkeypatch.setattr(environment, "_run", lambda *command: asked.append(command) or driver)
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: nccl)
@@ -200,3 +202,33 @@ def test_a_gpu_run_is_named_by_its_gpu_and_a_cpu_run_by_its_cpu(monkeypatch):
     assert on_cpu["torch"] == torch.__version__ and on_cpu["cuda"] == torch.version.cuda
     assert on_cpu["torchvision"] == metadata.version("torchvision")
     assert on_cpu["onednn"] == environment._build_libraries()["onednn"]
+    cudnn = torch.backends.cudnn
+    assert on_cpu["cudnn"] == (cudnn.version() if cudnn.is_available() else None)
+
+
+def test_git_is_asked_about_the_source_tree():
+    import subprocess
+
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=environment.SOURCE_DIR, capture_output=True, text=True
+    )
+    expected = head.stdout.strip() if head.returncode == 0 else None
+    assert environment._git("rev-parse", "HEAD") == expected
+
+
+def test_a_command_has_ten_seconds(monkeypatch):
+    import subprocess
+
+    asked = {}
+
+    def run(command, **options):
+        asked.update(options)
+        return subprocess.CompletedProcess(command, 0, "out\n", "")
+
+    monkeypatch.setattr(environment.subprocess, "run", run)
+    assert environment._run("anything") == "out" and asked["timeout"] == 10
+
+
+def test_git_diff_no_index_says_same_with_0_and_differ_with_1():
+    same = (PYTHON, "-c", "print('s')", "--no-index")
+    assert environment._run(*same) == "s"
