@@ -23,19 +23,12 @@ def knobs(**chosen: bool) -> SimpleNamespace:
 
 
 @pytest.fixture(autouse=True)
-def torch_flags_restored(monkeypatch):
-    """Each test starts unset and leaves torch's global flags as it found them."""
+def fresh_workspace(monkeypatch):
+    """Each test starts as a new process would: the variable unset, nothing tracked yet.
+    (conftest's restore_torch_globals puts torch's flags back after each test.)"""
     monkeypatch.delenv(VARIABLE, raising=False)
     monkeypatch.setattr(determinism, "cublas_workspace", determinism.CublasWorkspace())
-    saved = determinism.snapshot()
     yield
-    torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
-    torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
-    torch.use_deterministic_algorithms(
-        saved["deterministic_algorithms"], warn_only=saved["deterministic_warn_only"]
-    )
-    torch.backends.cuda.matmul.allow_tf32 = saved["tf32_matmul"]
-    torch.backends.cudnn.allow_tf32 = saved["tf32_cudnn"]
     os.environ.pop(VARIABLE, None)
 
 
