@@ -35,6 +35,9 @@ WEIGHT_FILES = (".safetensors", ".pth", ".pt", ".bin")
 # one stored in a file from someone else) names weights by `pretrained` alone, so their source
 # is timm's own registry or a local file, never a URL or folder of the config's choosing.
 WEIGHT_SOURCES = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "checkpoint_path")
+WEIGHTS_FROM = (
+    "not set: weights come from model.pretrained (true: timm's registry; or a local file)"
+)
 
 
 def timm_model(
@@ -56,8 +59,7 @@ def timm_model(
         raise ConfigError("model.name", name, "a timm model name (timm.list_models() lists them)")
     for key in WEIGHT_SOURCES:
         if key in kwargs:
-            allowed = "not set: weights come from model.pretrained (true: timm's registry; or a "
-            raise ConfigError(f"model.{key}", kwargs[key], allowed + "local file)")
+            raise ConfigError(f"model.{key}", kwargs[key], WEIGHTS_FROM)
     if pretrained is True:
         model = timm.create_model(name, pretrained=True, **kwargs)
     elif pretrained is False or pretrained is None:
