@@ -381,3 +381,91 @@ def test_a_model_with_parameters_of_its_own_fine_tunes_by_depth():
     by_name = {name: group for group in groups for name in names_of(vit, group)}
     assert by_name["class_token"]["lr"] == pytest.approx(0.025)
     assert by_name["heads.head.weight"]["lr"] == pytest.approx(0.1)
+
+
+def loader_parts(*overrides: str, **context):
+    from repro.data.loader import LoaderContext
+
+    cfg = compose_config(*tiny(*overrides))
+    return cfg, build.splits(cfg, 0), LoaderContext(root_seed=0, **context)
+
+
+def test_the_loaders_take_the_ranks_batch_and_normalise_training_batches_on_a_cpu():
+    cfg, data, context = loader_parts("dataloader.num_workers=1")
+    train, sampler, val = build.loaders(cfg, data, context)
+    assert sampler.batches_per_epoch() == len(train) == 384 // 64
+    images, labels = next(iter(train))  # a worker made the batch and normalised it
+    assert images.dtype == torch.float32 and images.shape == (64, 3, 32, 32)
+    assert labels.shape == (64,)
+    assert val.batch_sampler.batch_size == 128 and len(val) == 1
+    assert next(iter(val))[0].dtype == torch.uint8  # normalised by the loop, on the device
+    half, _, _ = build.loaders(*loader_parts("trainer.global_batch=true", rank=1, world=2)[:3])
+    assert next(iter(half))[0].shape[0] == 32
+
+
+def test_a_batch_larger_than_the_training_split_or_workers_under_the_sanitizer_are_refused(
+    monkeypatch,
+):
+    cfg, data, context = loader_parts("trainer.batch_size=385")
+    with pytest.raises(ConfigError) as refused:
+        build.loaders(cfg, data, context)
+    assert str(refused.value).endswith("at most the 384 training images (over all ranks)")
+    assert "trainer.batch_size" in str(refused.value)
+    monkeypatch.setenv("TORCH_CUDA_SANITIZER", "1")
+    cfg, data, _ = loader_parts("dataloader.num_workers=2")
+    build.loaders(cfg, data, context)  # a CPU run: nothing of CUDA's to check
+    from repro.data.loader import LoaderContext
+
+    on_gpu = LoaderContext(root_seed=0, device=torch.device("cuda"))
+    with pytest.raises(ConfigError) as refused:
+        build.loaders(cfg, data, on_gpu)
+    assert "dataloader.num_workers" in str(refused.value)
+    assert str(refused.value).endswith(
+        "0 under TORCH_CUDA_SANITIZER (its checks run in every process, and a forked worker "
+        "cannot use CUDA); or dataloader=device"
+    )
+    cfg, data, _ = loader_parts("dataloader.num_workers=0")
+
+    class ReachedError(Exception):
+        pass
+
+    def reached(*args):
+        raise ReachedError
+
+    monkeypatch.setattr(build, "device_batches", reached)
+    with pytest.raises(ReachedError):  # 0 workers pass the check and go on to build the loaders
+        build.loaders(cfg, data, on_gpu)
+
+
+def test_dataloader_device_makes_the_batches_on_the_device():
+    from repro.data import device_loader
+
+    cfg, data, context = loader_parts("dataloader=device")
+    _, sampler, val = build.loaders(cfg, data, context)
+    assert isinstance(val, device_loader.DeviceEvalLoader) and len(val) == 1
+    assert sampler.batches_per_epoch() == 6
+    evaluated = build.evaluation_loader(cfg, data.test, build.pipelines(cfg)[1], context)
+    assert isinstance(evaluated, device_loader.DeviceEvalLoader)
+    cfg, data, context = loader_parts()
+    plain = build.evaluation_loader(cfg, data.test, build.pipelines(cfg)[1], context)
+    assert isinstance(plain, torch.utils.data.DataLoader) and plain.batch_sampler.batch_size == 128
+
+
+def test_under_torchrun_the_model_runs_through_ddp_with_its_gpu_named(monkeypatch):
+    from repro.runtime.distributed import Context
+
+    wrapped, converted = [], []
+    monkeypatch.setattr(
+        build.nn.parallel,
+        "DistributedDataParallel",
+        lambda model, device_ids: wrapped.append((model, device_ids)) or "ddp",
+    )
+    monkeypatch.setattr(
+        build.nn.SyncBatchNorm, "convert_sync_batchnorm", lambda model: converted.append(model)
+    )
+    model, two = Net(), Context(world=2)
+    assert build.data_parallel(model, False, two, torch.device("cpu")) == "ddp"
+    assert build.data_parallel(model, False, two, torch.device("cuda", 1)) == "ddp"
+    assert wrapped == [(model, None), (model, [1])] and converted == []
+    build.data_parallel(model, True, two, torch.device("cuda", 0))
+    assert converted == [model] and wrapped[-1] == (None, [0])
