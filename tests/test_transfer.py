@@ -100,7 +100,7 @@ def test_only_pinned_batches_for_a_gpu_go_through_the_prefetcher(monkeypatch):
     ahead = prefetched(loader, gpu, pin_memory=True)
     assert isinstance(ahead, Prefetcher) and ahead.stream == ("stream", gpu.device)
     assert len(ahead) == 3 and ahead.batch_size == 2 and ahead.dataset is loader.dataset
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match=r"^wrapped$"):
         _ = Prefetcher.__new__(Prefetcher).batch_size  # unpickled: no loader to ask yet
 
 
@@ -133,8 +133,8 @@ def test_the_serial_chunks_edges(shape, chunks, monkeypatch):
 class Stream:
     """torch.cuda's side stream, event and current stream, as calls recorded in order."""
 
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
+    def __init__(self, calls: list, name: str) -> None:
+        self.calls, self.name = calls, name
 
     def __enter__(self) -> None:
         self.calls.append("side stream")
@@ -149,20 +149,28 @@ class Stream:
 def test_the_next_batch_is_copied_on_the_side_stream_before_this_one_is_handed_over(monkeypatch):
     calls: list = []
     cuda = transfer.torch.cuda
-    monkeypatch.setattr(cuda, "Stream", lambda device: Stream(calls))
+    gpu = torch.device("cuda", 0)
+    side = Stream(calls, "side")
+    monkeypatch.setattr(cuda, "Stream", lambda device: device == gpu and side)
     monkeypatch.setattr(cuda, "stream", lambda stream: stream)
-    monkeypatch.setattr(cuda, "current_stream", lambda device: Stream(calls))
+    monkeypatch.setattr(
+        cuda, "current_stream", lambda device: Stream(calls, "compute" if device == gpu else "?")
+    )
 
     class Event:
-        def record(self, stream: object) -> None:
+        def record(self, stream: Stream) -> None:
             self.batch = len([c for c in calls if c == "side stream"])
-            calls.append(("copied", self.batch))
+            calls.append(("copied", self.batch, stream.name))
 
     monkeypatch.setattr(cuda, "Event", Event)
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: calls.append("kept"))
+
+    def kept(tensor: torch.Tensor, stream: Stream) -> None:
+        calls.append(("kept", stream.name))
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", kept)
 
     class Prepare:  # DeviceBatches for a GPU: images made floats "there"
-        device = torch.device("cuda", 0)
+        device = gpu
 
         def __call__(self, images, labels):
             return images.float(), labels
@@ -175,10 +183,23 @@ def test_the_next_batch_is_copied_on_the_side_stream_before_this_one_is_handed_o
         calls.append("step")
 
     def copy(n: int) -> list:
-        return ["side stream", ("copied", n), "compute stream"]
+        return ["side stream", ("copied", n, "side"), "compute stream"]
 
     def step(n: int) -> list:  # compute waits for this batch's copy alone, keeps its memory
-        return [("compute waits for", n), "kept", "kept", "step"]
+        return [("compute waits for", n), ("kept", "compute"), ("kept", "compute"), "step"]
 
     assert calls == copy(1) + copy(2) + step(1) + copy(3) + step(2) + step(3)
     assert handed == [torch.float32] * 3
+
+
+def test_a_batch_of_other_than_four_dimensions_is_written_contiguous(monkeypatch):
+    prepare = DeviceBatches(CPU, [0.5], [0.5], torch.channels_last)
+    images = torch.arange(16, dtype=torch.uint8).view(2, 1, 4, 2, 1)  # channels_last needs 4
+    out, _ = prepare(images, torch.zeros(2))
+    assert out.is_contiguous() and torch.allclose(out, (images.float() / 255 - 0.5) / 0.5)
+
+
+def test_only_a_gpus_copies_are_issued_without_waiting(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: self)  # no GPU here
+    assert DeviceBatches(torch.device("cuda"), MEAN, STD).non_blocking is True
+    assert DeviceBatches(torch.device("meta"), MEAN, STD).non_blocking is False
