@@ -88,6 +88,9 @@ class StudySweeperImpl(OptunaSweeperImpl):
         if isinstance(self.sampler, functools.partial):  # the grid sampler takes the space
             grid = {name: self._to_grid_sampler_choices(d) for name, d in space.items()}
             self.sampler = self.sampler(grid)
+            # GridSampler ends `optimize` when its grid is done by calling study.stop(), which
+            # raises outside `optimize`: this sweeper asks and tells, and stops at the grid's size.
+            self.sampler.after_trial = lambda *told: None
             self.n_trials = min(self.n_trials, math.prod(len(c) for c in grid.values()))
         url = storage_url(self.storage)
         study = open_study(url, self.study_name, direction=direction, sampler=self.sampler,
