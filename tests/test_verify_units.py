@@ -7,10 +7,18 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
+from repro import build
+from repro.data import fingerprint
 from repro.errors import ConfigError, DataError
+from repro.runs.fingerprint_log import FingerprintLog
+from repro.runtime import determinism, environment
 from repro.verify import command
 from repro.verify.command import Verdict
+
+from conftest import compose_config, tiny
 
 
 def test_a_verdict_is_identical_only_without_a_divergence():
@@ -134,3 +142,149 @@ def test_a_fingerprint_log_that_is_none_is_one_line(tmp_path):
     with pytest.raises(DataError) as refused:
         command.verify(run)
     assert str(refused.value).startswith(f"{run / 'fingerprints.csv'}: not a fingerprint log (")
+
+
+# ---- verify() and the command, with the rerun's training stood in for ----------------------
+# What a rerun is compared with and how: the training itself is test_verify.py's.
+
+ROWS = [1.5, 1.25, 1.0, 0.75]  # the recorded run's four steps (its last one hashed)
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    """A run folder as a finished tiny run leaves it, and a rerun that trains nothing: it
+    writes `rerun["losses"]` as its fingerprints and returns `rerun["weights"]`."""
+    cfg = compose_config(*tiny("trainer.num_threads=2"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    FingerprintLog.of_run(run_dir).append(1, ROWS, "ab" * 32)
+    env = environment.describe(torch.device("cpu")) | {"num_threads": 2}
+    data = fingerprint.fingerprint(build.splits(cfg, 0), None)
+    summary = {"env": env, "flags": determinism.snapshot(), "weights_sha256": "w" * 64}
+    (run_dir / "summary.json").write_text(json.dumps(summary | {"completed": True, "data": data}))
+    rerun = {"losses": ROWS, "weights": "w" * 64, "configs": []}
+
+    def train(cfg, work):
+        rerun["configs"].append(cfg)
+        FingerprintLog.of_run(work).append(1, rerun["losses"], "ab" * 32)
+        return {"weights_sha256": rerun["weights"]}
+
+    monkeypatch.setattr(command, "train", train)
+    return run_dir, rerun
+
+
+def edit_summary(run_dir, **changes):
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def test_an_untouched_run_reruns_its_recorded_config_and_is_identical(recorded):
+    run_dir, rerun = recorded
+    verdict = command.verify(run_dir)
+    assert verdict == Verdict(steps_compared=4)
+    (cfg,) = rerun["configs"]
+    assert cfg.trainer.halt_at_step is None and cfg.trainer.resume == "never"
+    assert cfg.seed.mode == "fixed" and cfg.seed.value == 0 and cfg.data.download is False
+    assert cfg.logger.plot is False and cfg.logger.tensorboard is False
+    assert cfg.trainer.num_threads == 2
+    assert command.verify(run_dir, steps=2, threads=3, download=True).steps_compared == 4
+    asked = rerun["configs"][-1]
+    assert asked.trainer.halt_at_step == 2 and asked.trainer.num_threads == 3
+    assert asked.data.download is True
+
+
+def test_the_thread_count_is_the_recorded_one_else_the_configs(recorded):
+    run_dir, rerun = recorded
+    summary = json.loads((run_dir / "summary.json").read_text())
+    edit_summary(run_dir, env={k: v for k, v in summary["env"].items() if k != "num_threads"})
+    command.verify(run_dir)
+    assert rerun["configs"][-1].trainer.num_threads == 2  # the recorded config's own
+    (run_dir / "summary.json").unlink()  # no summary: no environment to compare, nor data
+    verdict = command.verify(run_dir)
+    assert verdict == Verdict(steps_compared=4) and rerun["configs"][-1].trainer.num_threads == 2
+
+
+def test_the_first_step_that_differs_is_named_and_only_whole_reruns_compare_the_weights(
+    recorded,
+):
+    run_dir, rerun = recorded
+    rerun["losses"] = [1.5, 1.25, 1.125, 0.75]
+    assert command.verify(run_dir).divergence == "step 3: loss 1.0 recorded, 1.125 now"
+    rerun["losses"], rerun["weights"] = ROWS, "v" * 64
+    assert command.verify(run_dir).divergence == (
+        "final weights_sha256 differs although every step matched"
+    )
+    assert command.verify(run_dir, steps=4).identical  # part of a run: its weights are not the end
+    edit_summary(run_dir, completed=False)  # halted: its weights are not the end either
+    assert command.verify(run_dir).identical
+    rerun["losses"] = ROWS[:2]  # a rerun that stopped early compares the steps it has
+    assert command.verify(run_dir).steps_compared == 2
+
+
+def test_other_flags_are_environment_changes_and_other_data_stops_before_training(recorded):
+    run_dir, rerun = recorded
+    summary = json.loads((run_dir / "summary.json").read_text())
+    edit_summary(run_dir, flags={**summary["flags"], "cudnn_benchmark": "was on"})
+    verdict = command.verify(run_dir)
+    assert verdict.identical and len(verdict.environment) == 1
+    assert verdict.environment[0].startswith("cudnn_benchmark: 'was on' recorded, ")
+    data = summary["data"] | {"sha256": "0" * 64}
+    data["splits"] = {**data["splits"], "val": {"images": 7, "sha256": "1" * 64}}
+    edit_summary(run_dir, data=data)
+    trained = len(rerun["configs"])
+    verdict = command.verify(run_dir)
+    assert verdict.divergence == "the data, before any step (nothing was trained)"
+    now = summary["data"]["splits"]["val"]["sha256"][:12]
+    assert verdict.data == [f"val: 7 images {'1' * 12} recorded, 128 images {now} now"]
+    assert len(rerun["configs"]) == trained and verdict.steps_compared == 0
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        ([], "error: RUN_DIR=None is not allowed: usage: python -m repro.verify RUN_DIR"),
+        (["steps=3"], "error: RUN_DIR=None is not allowed: usage: "),
+        (["run", "steps=0"], "error: steps='0' is not allowed: only steps=N and threads=N"),
+        (["run", "threads=x"], "error: threads='x' is not allowed: only steps=N"),
+        (["run", "seed=1"], "error: seed='1' is not allowed: only steps=N"),
+        (["run", "trust=yes"], "error: trust='yes' is not allowed: only steps=N"),
+    ],
+)
+def test_the_commands_arguments_are_refused_in_one_line(argv, said, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        command.main(argv)
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(said)
+
+
+def test_the_command_prints_each_difference_then_its_verdict(monkeypatch, capsys, tmp_path):
+    asked = []
+
+    def verdict_of(run_dir, steps, threads, trust, download):
+        asked.append((run_dir, steps, threads, trust, download))
+        return verdicts.pop(0)
+
+    monkeypatch.setattr(command, "verify", verdict_of)
+    verdicts = [
+        Verdict(5, environment=["python: '3.10' recorded, '3.11' now"]),
+        Verdict(0, "the data, before any step", data=["val: 1 images \x1b[31m"]),
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        command.main([str(tmp_path), "steps=5", "threads=2", "trust=true", "download=false"])
+    assert stopped.value.code == 0
+    assert asked == [(tmp_path, 5, 2, True, False)]
+    assert capsys.readouterr().out.splitlines() == [
+        f"re-running {tmp_path} (first 5 steps) ...",
+        "environment differs: python: '3.10' recorded, '3.11' now",
+        "identical: 5 steps, every loss and weights hash matches",
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        command.main([str(tmp_path), "download=true"])
+    assert stopped.value.code == 1 and asked[-1] == (tmp_path, None, None, False, True)
+    assert capsys.readouterr().out.splitlines() == [
+        f"re-running {tmp_path} (all steps) ...",
+        "data differs: val: 1 images \\x1b[31m",
+        "diverged at the data, before any step",
+    ]
