@@ -5,7 +5,9 @@ a run's result. test_testkit_forks.py forks for real."""
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -152,3 +154,57 @@ def test_a_runs_steps_are_its_fingerprint_log(tmp_path):
         (1, "0.5", ""),
         (2, "0.25", "ab"),
     ]
+
+
+# ---- forked and waited: real forks of this process, doing next to nothing ------------------
+
+
+def fork(tmp_path, name, work, env=None):
+    report = tmp_path / f"{name}.failed"
+    return runs.forked(work, env or {}, report, tmp_path), report
+
+
+def test_a_fork_gets_its_variables_and_one_thread_and_its_status_is_waited_for(tmp_path):
+    import torch
+
+    def work():
+        if os.environ.get("KIT_VALUE") != "7" or torch.get_num_threads() != 1:
+            raise ValueError("not the fork's settings")
+
+    done = fork(tmp_path, "ok", work, {"KIT_VALUE": "7"})
+    killed = fork(tmp_path, "killed", lambda: os.kill(os.getpid(), signal.SIGKILL))
+    assert runs.waited([done, killed]) == [0, -signal.SIGKILL]
+    assert "KIT_VALUE" not in os.environ and not done[1].exists()
+
+
+def test_a_fork_that_raises_reports_its_line_and_trace_and_its_peers_are_stopped(tmp_path):
+    def fails():
+        raise ValueError("the project's bug\nsecond line")
+
+    sleeper = fork(tmp_path, "sleeper", lambda: time.sleep(60))
+    failing = fork(tmp_path, "failing", fails)
+    started = time.monotonic()
+    with pytest.raises(RunFailedError) as failed:
+        runs.waited([sleeper, failing])
+    assert time.monotonic() - started < 30
+    assert failed.value.line.startswith("ValueError: the project's bug (at test_testkit_runs")
+    assert "Traceback (most recent call last)" in failed.value.trace
+    with pytest.raises(ProcessLookupError):
+        os.kill(sleeper[0], 0)  # stopped and reaped
+
+    def run_fails():
+        raise RunFailedError("KeyError: 'x' (at data.py:3)", "the trace")
+
+    (pid, report) = fork(tmp_path, "kit", run_fails)
+    with pytest.raises(RunFailedError) as failed:
+        runs.waited([(pid, report)])
+    assert (failed.value.line, failed.value.trace) == ("KeyError: 'x' (at data.py:3)", "the trace")
+
+
+def test_a_fork_past_its_limit_is_stopped(tmp_path):
+    sleeper = fork(tmp_path, "sleeper", lambda: time.sleep(60))
+    with pytest.raises(RunFailedError) as failed:
+        runs.waited([sleeper], limit=0.4)
+    assert failed.value.line == "the run did not finish within 0 s (stopped)"
+    with pytest.raises(ProcessLookupError):
+        os.kill(sleeper[0], 0)
