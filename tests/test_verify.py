@@ -55,6 +55,7 @@ def test_changed_code_is_caught_at_the_step_it_changes(recorded, monkeypatch):
     assert verdict.divergence.startswith("step 7: loss"), verdict.divergence
 
 
+@pytest.mark.slow  # the order and marks: test_verify_units; here, through a real rerun
 def test_environment_differences_are_reported_those_that_change_results_first(recorded):
     summary_path = recorded / "summary.json"
     summary = json.loads(summary_path.read_text())
