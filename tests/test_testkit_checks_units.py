@@ -5,11 +5,11 @@ of a generated project are test_new_project's and test_testkit_forks'."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from repro.errors import ConfigError
 from repro.runs.fingerprint_log import FingerprintLog
@@ -61,16 +61,19 @@ class Project:
         self.composes, self.composed = composes, []
 
     def config(self, *overrides: str):
-        """The engine's config for those overrides; else (runs are folders here) the
-        overrides alone."""
+        """The engine's config for those overrides; else (runs are folders here) a stand-in
+        holding the overrides and a data root."""
         self.composed.append(overrides)
-        return compose_config(*tiny(), *overrides) if self.composes else overrides
+        if self.composes:
+            return compose_config(*tiny(), *overrides)
+        return OmegaConf.create({"overrides": list(overrides), "data": {"root": "/data/here"}})
 
     def meant_for(self, group: str, option: str) -> list[str]:
         self.meant = (group, option)
         return self.paired
 
     def dropped_choices(self, experiment: str) -> list[str]:
+        self.meant = ("experiment", experiment)
         return self.dropped
 
 
@@ -129,36 +132,63 @@ def test_a_dataset_whose_split_or_items_change_between_reads_fails_naming_them(m
         "items: the builder must make the same split for the same seed"
     )
 
-    class Drawing:
-        """Items drawn from the global generator on each read: the rule's first example."""
+    class Changing:
+        """Item `at` changes `what` on every read: state that changes with calls."""
 
-        def __init__(self, size: int, what: str) -> None:
-            self.size, self.what = size, what
+        def __init__(self, size: int, what: str = "", at: int = 0) -> None:
+            self.size, self.what, self.at, self.reads = size, what, at, 0
 
         def __len__(self) -> int:
             return self.size
 
         def __getitem__(self, index: int):
-            image = torch.zeros(3, 2, 2, dtype=torch.uint8)
-            if self.what == "pixels":
-                image[0, 0, 0] = int(torch.randint(0, 256, ()))
-            shape = (3, 2, 2 + int(torch.randint(0, 9, ()))) if self.what == "shape" else None
-            label = int(torch.randint(0, 10**6, ())) if self.what == "label" else 0
-            return (image if shape is None else torch.zeros(shape)), label
+            self.reads += index == self.at
+            changed = self.reads if index == self.at else 0
+            image = torch.zeros(3, 2, 2 + changed * (self.what == "shape"), dtype=torch.uint8)
+            image[0, 0, 0] = changed * (self.what == "pixels")
+            return image, changed * (self.what == "label")
 
     class Data:
         def __init__(self, **splits) -> None:
             self.__dict__.update(splits)
 
-    for what in ("shape", "pixels", "label"):
-        steady = Drawing(4, "none")
-        data = Data(train=steady, val=Drawing(0, what), test=Drawing(5, what))
+    cases = [("shape", 5, 0), ("pixels", 5, 2), ("label", 5, 4), ("pixels", 1, 0)]
+    for what, size, at in cases:  # the first, middle and last items are read
+        data = Data(train=Changing(4), val=Changing(0), test=Changing(size, what, at))
         monkeypatch.setattr(build, "splits", lambda cfg, seed, data=data: data)
         said = failure(
             checks.test_data_gives_the_same_item_every_time_an_index_is_read, Project(), "mine"
         )
-        assert said.startswith(f"data=mine: test item 0 read twice gave other {what}: ")
-        assert checks.ITEM_RULE in said
+        assert said == f"data=mine: test item {at} read twice gave other {what}: {checks.ITEM_RULE}"
+    data = Data(train=Changing(9, "pixels", at=3), val=Changing(0), test=Changing(1))
+    monkeypatch.setattr(build, "splits", lambda cfg, seed: data)
+    checks.test_data_gives_the_same_item_every_time_an_index_is_read(Project(), "mine")  # unread
+
+
+def test_the_data_checks_build_from_seed_7_and_fingerprint_under_the_datas_root(monkeypatch):
+    from repro import build
+    from repro.data import fingerprint
+
+    built, roots = [], []
+    monkeypatch.setattr(build, "splits", lambda cfg, seed: built.append(seed) or "splits")
+    monkeypatch.setattr(
+        fingerprint, "fingerprint", lambda data, root: roots.append(root) or {"splits": {}}
+    )
+    checks.test_data_gives_the_same_split_for_the_same_seed(Project(), "d")
+    assert built == [7, 7] and roots == ["/data/here"] * 2
+
+    def refused(cfg, seed):
+        raise ConfigError("data.root", "/nowhere", "a folder")
+
+    monkeypatch.setattr(build, "splits", refused)
+    for check in (
+        checks.test_data_gives_the_same_split_for_the_same_seed,
+        checks.test_data_gives_the_same_item_every_time_an_index_is_read,
+    ):
+        said = failure(check, Project(), "d")
+        assert said == "data=d: building its splits: " + str(
+            ConfigError("data.root", "/nowhere", "a folder")
+        )
 
 
 def test_a_dataset_that_trains_otherwise_with_workers_fails_with_the_step(tmp_path):
@@ -271,7 +301,9 @@ def test_a_kill_and_rerun_must_train_and_write_as_a_straight_run(tmp_path):
 
     counted_twice = run_folder(tmp_path / "twice", [2.5, 2.25], **{"notes.txt": "4 calls"})
     extra = run_folder(tmp_path / "extra", [2.5, 2.25], **{"notes.txt": "3 calls", "b.txt": ""})
-    for rerun, named in ((counted_twice, "notes.txt"), (extra, "b.txt")):
+    both = run_folder(tmp_path / "both", [2.5, 2.25], **{"notes.txt": "4", "b.txt": ""})
+    cases = ((counted_twice, "notes.txt"), (extra, "b.txt"), (both, "b.txt, notes.txt"))
+    for rerun, named in cases:
         said = failure(checks.test_the_default_config_survives_a_kill, Project(straight, rerun))
         assert said == (
             "the default config: killed and rerun, it wrote other files than a straight run: "
@@ -301,9 +333,111 @@ def test_an_experiment_runs_only_if_it_is_what_composes(tmp_path):
         dropped=["data=mine (composed: synthetic)", "optimizer.lr: 0.1 (composed: 0.2)"]
     )
     said = failure(checks.test_experiment_runs_what_it_says_and_survives_a_kill, dropped, "e")
-    assert re.fullmatch(
-        r"experiment=e is not what runs: it asks for data=mine \(composed: synthetic\); "
-        r"optimizer\.lr: 0\.1 \(composed: 0\.2\); something composed after it overrides that .*",
-        said,
+    assert said == (
+        "experiment=e is not what runs: it asks for data=mine (composed: synthetic); "
+        "optimizer.lr: 0.1 (composed: 0.2); something composed after it overrides that (a "
+        "project's own choices belong in conf/project/default.yaml, which comes before "
+        "experiments, not in conf/config.yaml)"
     )
+    assert dropped.meant == ("experiment", "e")
     assert dropped.runs.asked == []
+
+
+FAILED = RunFailedError("KeyError: 'x' (at part.py:4)", "")
+CHECKS = {  # check, its option, the group meant_for is asked, what the first run promises
+    "data": (
+        checks.test_data_trains_the_same_steps_with_0_and_2_workers,
+        "d",
+        "data",
+        "data=d: training with 0 loader workers",
+    ),
+    "objective": (
+        checks.test_objective_trains_as_the_trainer_calls_it,
+        "o",
+        "objective",
+        "objective=o: training with it",
+    ),
+    "processes": (
+        checks.test_objective_gives_the_same_steps_on_1_and_2_processes,
+        "o",
+        "objective",
+        "objective=o: training on 1 and 2 processes",
+    ),
+    "resume": (
+        checks.test_objective_resumes_bit_for_bit_after_a_kill,
+        "o",
+        "objective",
+        "objective=o: training straight",
+    ),
+    "metrics": (
+        checks.test_metric_gives_the_same_value_for_0_and_2_workers_and_1_and_2_processes,
+        "m",
+        "metrics",
+        "metrics=m: training with 0 workers",
+    ),
+    "stateful": (
+        checks.test_stateful_part_resumes_bit_for_bit_after_a_kill,
+        "callbacks=c",
+        "callbacks",
+        "callbacks=c: training straight",
+    ),
+    "experiment": (
+        checks.test_experiment_runs_what_it_says_and_survives_a_kill,
+        "e",
+        "experiment",
+        "experiment=e: training straight",
+    ),
+}
+COMPOSED = {  # the first run's overrides, unpaired and paired with experiment=p
+    "data": (("data=d", "dataloader.num_workers=0"),) * 2,
+    "objective": (("objective=o",),) * 2,
+    "processes": (("objective=o", *checks.INVARIANT),) * 2,
+    "resume": (("objective=o",),) * 2,
+    "metrics": (
+        ("metrics=[m]", *checks.INVARIANT, "dataloader.num_workers=0"),
+        (*checks.INVARIANT, "dataloader.num_workers=0"),
+    ),
+    "stateful": (("+callbacks=c",), ()),
+    "experiment": (("experiment=e",), ("experiment=e",)),
+}
+UNHINTED = ("resume", "stateful", "experiment")  # their first run's promise is the kill's
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+@pytest.mark.parametrize("paired", [[], ["experiment=p"]])
+def test_each_check_asks_for_its_pairing_composes_it_and_names_its_promise(name, paired):
+    check, option, group, promised = CHECKS[name]
+    project = Project(FAILED, paired=paired)
+    said = failure(check, project, option)
+    hint = "" if paired or name in UNHINTED else f"; {checks.PAIRING}"
+    assert said == f"{promised}: the run failed: {FAILED.line}{hint}"
+    expected = list(COMPOSED[name][bool(paired)])
+    if paired and name != "experiment":
+        expected = [*paired, *expected]
+    assert project.composed == [tuple(expected)]
+    assert project.meant == (group, option.partition("=")[2] or option)
+    ((_, given),) = project.runs.asked
+    assert list(given.overrides) == expected  # the run is of the config composed
+
+
+def test_a_later_run_that_fails_names_its_own_promise(tmp_path):
+    done, failed = metrics_run(tmp_path / "done", ["0.5"]), f"the run failed: {FAILED.line}"
+    metric = Project(done, done, FAILED)
+    said = failure(
+        checks.test_metric_gives_the_same_value_for_0_and_2_workers_and_1_and_2_processes,
+        metric,
+        "m",
+    )
+    assert said == f"metrics=m: training on 2 processes: {failed}; {checks.PAIRING}"
+    (_, zero), (_, two), (_, ranks) = metric.runs.asked
+    assert ranks is two and zero is not two  # two processes run the last config made
+    objective = Project(done, FAILED)
+    said = failure(checks.test_objective_gives_the_same_steps_on_1_and_2_processes, objective, "o")
+    assert said == f"objective=o: training on 1 and 2 processes: {failed}; {checks.PAIRING}"
+    (_, one), (_, both) = objective.runs.asked
+    assert one is both  # one config, on 1 process and on 2
+    default = Project(done, FAILED)
+    said = failure(checks.test_the_default_config_survives_a_kill, default)
+    assert said == f"the default config: killed after step 3 and rerun: {failed}"
+    (_, straight), (_, killed) = default.runs.asked
+    assert straight is killed and list(straight.overrides) == []
