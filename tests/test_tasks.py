@@ -369,3 +369,111 @@ def test_multilabel_bce_sums_each_labels_loss_weighs_positives_and_refuses_bad_w
     on_meta = torch.zeros(2, 3, device="meta")
     loss = MultilabelBCE(pos_weight=[1.0, 2.0, 3.0])(on_meta, Targets(on_meta))["loss"]
     assert loss.device.type == "meta" and loss.shape == (2,)
+
+
+def _one_at_a_time(task, held, classes):
+    """The reference `_first_wrong` must agree with: each target checked on its own."""
+    return next((i for i, t in enumerate(held) if task.check_target(t, classes)), None)
+
+
+SOFT = [0.25, 0.75, 0.0]
+TARGET_SETS = [  # (task, targets as a list of items) for 3 classes: right, then each way wrong
+    (SINGLE_LABEL, [0, 1, 2, 2]),
+    (SINGLE_LABEL, [0, 3, 1]),  # a label equal to the class count
+    (SINGLE_LABEL, [2, 0, -1]),
+    (SINGLE_LABEL, [torch.tensor(1), torch.tensor(5)]),
+    (SINGLE_LABEL, [1, torch.tensor(SOFT)]),  # an index and a soft label: they do not stack
+    (SINGLE_LABEL, [torch.tensor(SOFT), torch.tensor([1.5, -0.5, 0.0])]),  # sums to 1
+    (SINGLE_LABEL, [torch.tensor(SOFT), torch.tensor([0.5, 0.25, 0.0])]),
+    (SINGLE_LABEL, [torch.tensor(SOFT), torch.tensor([0.5, 0.5005, 0.0])]),  # within 1e-3
+    (SINGLE_LABEL, [torch.tensor([0, 1, 0]), torch.tensor([1, 0, 0])]),  # integer rows
+    (SINGLE_LABEL, [torch.tensor(1.0), torch.tensor(2.0)]),  # float scalars
+    (SINGLE_LABEL, [torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5])]),  # two of three
+    (MULTI_LABEL, [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 1.5, 0.0])]),
+    (MULTI_LABEL, [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 2.5, 0.0])]),
+    (MULTI_LABEL, [torch.tensor([1, 0, 1], dtype=torch.uint8), torch.tensor([0, 0, 0.0])]),
+    (MULTI_LABEL, [torch.tensor([True, False, True]), torch.tensor([False, True, True])]),
+    (MULTI_LABEL, [torch.ones(4), torch.ones(4)]),  # rows of another width, from the first
+    (MULTI_LABEL, [torch.ones(2, 3), torch.ones(2, 3)]),  # a matrix each
+    (MULTI_LABEL, [1, 2]),  # indices, not rows
+    (MULTI_LABEL, [torch.ones(3), torch.ones(4)]),  # rows that do not stack
+]
+
+
+@pytest.mark.parametrize("task, held", TARGET_SETS)
+def test_the_whole_split_check_finds_the_item_one_at_a_time_checking_finds(task, held):
+    from repro.tasks import checks
+
+    expected = _one_at_a_time(task, held, 3)
+    assert checks._first_wrong(task, held, 3) == expected
+    if all(isinstance(t, torch.Tensor) for t in held) and len({t.shape for t in held}) == 1:
+        assert checks._first_wrong(task, torch.stack(held), 3) == expected  # a tensor of them
+
+
+class Listed:
+    """A split that keeps no list of its labels: the check reads its first item."""
+
+    def __init__(self, labels) -> None:
+        self.items = labels
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return torch.zeros(3, 2, 2, dtype=torch.uint8), self.items[index]
+
+
+def test_a_split_without_a_label_list_is_checked_by_its_first_item_and_empty_ones_skipped():
+    fine = Listed([1, 7])  # only the first item is read
+    tasks.check_targets(SINGLE_LABEL, Splits(fine, Listed([]), fine, ["a", "b", "c"]))
+    with pytest.raises(DataError) as refused:
+        tasks.check_targets(SINGLE_LABEL, Splits(fine, Listed([]), Listed([4, 0]), list("abc")))
+    assert str(refused.value) == (
+        "the test split's item 0 has label 4, but the data has 3 classes (labels 0..2)"
+    )
+    one = _splits([0, 1], [], [3])  # a split of one image is checked too
+    with pytest.raises(DataError, match=r"^the test split's item 0 has label 3"):
+        tasks.check_targets(SINGLE_LABEL, one)
+
+
+def test_which_metrics_and_callbacks_need_one_class_per_image():
+    from repro.tasks import checks
+
+    assert checks._needs_single_label({"_target_": "torchmetrics.MulticlassF1Score"})
+    assert checks._needs_single_label({"_target_": "MulticlassAccuracy"})
+    assert checks._needs_single_label({"_target_": "test_tasks.Confusion"})
+    assert not checks._needs_single_label({"_target_": "test_tasks.Unmixed"})  # says nothing
+    multi = ["objective=multilabel_bce", "data=synthetic_multilabel"]
+    config.validate(compose_config(*tiny(*multi, "+callbacks.u._target_=test_tasks.Unmixed")))
+    config.validate(compose_config(*tiny(*multi, "+metrics.none=null")))
+
+
+def test_mixup_is_refused_like_cutmix_for_an_objective_that_does_not_blend():
+    unmixed = ["objective._target_=test_tasks.Unmixed", "~objective.label_smoothing"]
+    assert _refusal(*unmixed, "augment.mixup_alpha=0.2") == (
+        "augment.mixup_alpha",
+        0.2,
+        "0: a multi-label objective must say that blending its targets means something "
+        "(mixes = True, as multilabel_bce does)",
+    )
+
+
+def test_too_few_validation_images_refuse_best_weights_only_when_a_test_selects_them():
+    cfg = compose_config(*tiny())
+    cfg.trainer.save_checkpoints = False  # no best.pt to test: nothing is selected
+    tasks.check_selection(cfg, 5)
+    cfg.trainer.save_checkpoints, cfg.trainer.test_after_fit = True, False
+    tasks.check_selection(cfg, 5)
+    cfg.trainer.test_after_fit = True
+    with pytest.raises(ConfigError) as caught:
+        tasks.check_selection(cfg, 5)
+    assert str(caught.value).startswith(
+        "trainer.test_weights='best' is not allowed: trainer.test_weights=last (or ema with "
+        "+components=ema), or raise data.val_size: the validation split has 5 images"
+    )
+    cfg.trainer.test_weights, cfg.trainer.patience = "last", 3
+    with pytest.raises(ConfigError) as caught:
+        tasks.check_selection(cfg, 5)
+    assert str(caught.value).startswith(
+        "trainer.patience=3 is not allowed: null, or more images: the validation split has 5"
+    )
