@@ -6,10 +6,12 @@ A whole run's tracking, W&B's offline files included, is test_trackers'."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 
 from repro.errors import UserError
 from repro.watch import trackers
@@ -274,3 +276,105 @@ def test_a_sweep_record_gives_its_command_lines_overrides_and_anything_else_is_r
 def test_a_summarys_numbers_are_its_ints_and_floats_not_its_flags():
     numbers = trackers._numbers({"a": 1, "b": 0.5, "c": True, "d": "x", "e": None, "f": [1]})
     assert numbers == {"a": 1.0, "b": 0.5} and all(type(v) is float for v in numbers.values())
+
+
+@pytest.fixture
+def job_of_a_sweep(tmp_path):
+    """Hydra's config of a job of a multirun over `task`, whose sweep folder holds a
+    multirun.yaml recording `recorded` (none if None)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from conftest import CONF
+
+    def enter(task: list[str], recorded: list[str] | None, mode=RunMode.MULTIRUN):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", ["seed.value=5"], return_hydra_config=True)
+        cfg.hydra.mode = mode
+        cfg.hydra.sweep.dir = str(tmp_path / "sweep")
+        cfg.hydra.overrides.task = task
+        (tmp_path / "sweep").mkdir(exist_ok=True)
+        (tmp_path / "sweep" / "multirun.yaml").unlink(missing_ok=True)
+        if recorded is not None:
+            record = {"hydra": {"overrides": {"task": recorded}}}
+            (tmp_path / "sweep" / "multirun.yaml").write_text(OmegaConf.to_yaml(record))
+        HydraConfig.instance().set_config(cfg)
+        return cfg
+
+    yield enter
+    HydraConfig.instance().cfg = None
+
+
+def test_a_jobs_sweep_is_its_folder_and_the_values_its_command_line_sweeps(job_of_a_sweep):
+    from hydra.types import RunMode
+
+    cfg = job_of_a_sweep(
+        ["seed=5", "optimizer.lr=0.2", "trainer.epochs=2", "+data.extra=x"],
+        ["seed=4,5", "optimizer.lr=0.1,0.2", "trainer.epochs=2", "+data.extra=x"],
+    )
+    sweep = trackers.sweep_of(cfg)
+    assert sweep == trackers.Sweep(Path(cfg.hydra.sweep.dir), {"seed": "5", "optimizer.lr": "0.2"})
+    cfg = job_of_a_sweep(["seed.value=5", "optimizer.lr=0.2", "trainer.epochs=2"], None)
+    assert trackers.sweep_of(cfg).tags == {  # no record: each override but the seed's
+        "seed": "5",
+        "optimizer.lr": "0.2",
+        "trainer.epochs": "2",
+    }
+    cfg = job_of_a_sweep(["optimizer.lr=0.2"], None, mode=RunMode.RUN)
+    assert trackers.sweep_of(cfg) is None
+
+
+def test_in_a_sweep_each_tracker_starts_as_a_job_of_it(job_of_a_sweep, tmp_path, monkeypatch):
+    cfg = job_of_a_sweep(["optimizer.lr=0.2"], ["optimizer.lr=0.1,0.2"])
+    started = []
+    monkeypatch.setattr(trackers, "_start", lambda kind, name, *rest: started.append(rest[2]))
+    with_mlflow = OmegaConf.merge(cfg, {"logger": {"mlflow": {"tracking_uri": None}}})
+    trackers.from_config(with_mlflow, tmp_path)
+    assert started == [trackers.Sweep(tmp_path / "sweep", {"seed": "5", "optimizer.lr": "0.2"})]
+
+
+def test_a_tracker_starts_with_the_run_its_folder_and_its_sweep(tmp_path):
+    class Kind:
+        def __init__(self, *given) -> None:
+            self.given = given
+
+    sweep = trackers.Sweep(tmp_path, {"seed": "1"})
+    started = trackers._start(Kind, "mlflow", "cfg", tmp_path / "run", sweep)
+    assert started.given == ("cfg", tmp_path / "run", sweep)
+
+    class Exactly400(Kind):
+        def __init__(self, *given) -> None:
+            raise RuntimeError("y" * 400)
+
+    with pytest.raises(UserError) as refused:
+        trackers._start(Exactly400, "wandb", None, tmp_path, None)
+    assert str(refused.value).endswith(f"(RuntimeError: {'y' * 400})")
+
+
+@pytest.mark.parametrize("missing, logger", [("wandb", "wandb"), ("mlflow.tracking", "mlflow")])
+def test_a_tracker_whose_library_is_missing_says_to_install_the_extra(
+    missing, logger, tmp_path, monkeypatch
+):
+    from repro.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, missing, None)  # as if never installed
+    with pytest.raises(ConfigError) as refused:
+        if logger == "wandb":
+            trackers.WandbTracker(compose_config(*tiny("logger=wandb")), tmp_path)
+        else:
+            trackers.mlflow_client(None)
+    assert str(refused.value) == (
+        f"logger='{logger}' is not allowed: install the trackers extra first"
+    )
+
+
+def test_an_mlflow_points_time_is_the_moment_it_is_sent_in_milliseconds(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tracker = trackers.MlflowTracker(mlflow_config(tmp_path / "mlruns"), run_dir)
+    before = int(time.time() * 1000)
+    tracker.metrics({"step": 2, "val_acc": 0.5}, step=2)
+    after = int(time.time() * 1000)
+    (point,) = tracker.client.get_metric_history(tracker.run_id, "val_acc")
+    assert before <= point.timestamp <= after and point.step == 2
