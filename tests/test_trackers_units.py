@@ -74,6 +74,12 @@ def test_a_sweeps_jobs_nest_under_one_run_that_gets_the_report_at_the_end(tmp_pa
     client = mlflow.tracking.MlflowClient(tracking_uri=f"file:{store}")
     parent = (sweep_dir / ".mlflow_parent_run_id").read_text().strip()
     assert client.get_run(parent).info.run_name == "sweep"
+    experiment = client.get_experiment(client.get_run(parent).info.experiment_id)
+    assert experiment.name == "repro"  # the jobs' experiment, not MLflow's default
+    assert {client.get_run(job.run_id).info.experiment_id for job in jobs} == {
+        experiment.experiment_id
+    }
+    assert (sweep_dir / ".mlflow_parent.lock").is_file()  # the jobs' lock, in the sweep folder
     for job, seed in zip(jobs, ("0", "1"), strict=True):
         tags = client.get_run(job.run_id).data.tags
         assert tags["mlflow.parentRunId"] == parent
@@ -378,3 +384,14 @@ def test_an_mlflow_points_time_is_the_moment_it_is_sent_in_milliseconds(tmp_path
     after = int(time.time() * 1000)
     (point,) = tracker.client.get_metric_history(tracker.run_id, "val_acc")
     assert before <= point.timestamp <= after and point.step == 2
+
+
+def test_the_parameters_are_the_config_resolved_each_as_text():
+    config = OmegaConf.create({"a": 1, "b": "${a}", "c": {"d": [1, 2]}})
+    assert trackers._parameters(config) == {"a": "1", "b": "1", "c.d": "[1, 2]"}
+
+
+def test_an_https_server_is_named_too(caplog):
+    with caplog.at_level("INFO", logger="repro.watch.trackers"):
+        trackers.mlflow_client("https://tracker.example")
+    assert caplog.messages[0].startswith("logger=mlflow: starting a run at https://tracker.example")
