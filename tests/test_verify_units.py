@@ -4,7 +4,9 @@ before any step. test_verify.py reruns real runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from omegaconf import OmegaConf
 
 from repro import build
 from repro.data import fingerprint
-from repro.errors import ConfigError, DataError
+from repro.errors import ConfigError, DataError, UserError
 from repro.runs.fingerprint_log import FingerprintLog
 from repro.runtime import determinism, environment
 from repro.verify import command
@@ -167,6 +169,7 @@ def recorded(tmp_path, monkeypatch):
 
     def train(cfg, work):
         rerun["configs"].append(cfg)
+        rerun["work"] = work
         FingerprintLog.of_run(work).append(1, rerun["losses"], "ab" * 32)
         return {"weights_sha256": rerun["weights"]}
 
@@ -288,3 +291,123 @@ def test_the_command_prints_each_difference_then_its_verdict(monkeypatch, capsys
         "data differs: val: 1 images \\x1b[31m",
         "diverged at the data, before any step",
     ]
+
+
+def edit_config(run_dir, key: str, value) -> None:
+    path = run_dir / "resolved_config.yaml"
+    cfg = OmegaConf.load(path)
+    OmegaConf.update(cfg, key, value, force_add=True)
+    path.write_text(OmegaConf.to_yaml(cfg))
+
+
+def test_the_recorded_thread_count_wins_over_the_configs_and_is_compared_as_rerun(recorded):
+    run_dir, rerun = recorded
+    summary = json.loads((run_dir / "summary.json").read_text())
+    edit_summary(run_dir, env={**summary["env"], "num_threads": 3})  # the config says 2
+    verdict = command.verify(run_dir)
+    assert rerun["configs"][-1].trainer.num_threads == 3 and verdict.environment == []
+    edit_config(run_dir, "trainer.num_threads", None)  # recorded without a count: the machine's
+    edit_summary(run_dir, env={k: v for k, v in summary["env"].items() if k != "num_threads"})
+    verdict = command.verify(run_dir)
+    assert rerun["configs"][-1].trainer.num_threads is None
+    threads = torch.get_num_threads()
+    marked = "(changes floating-point results)"
+    assert verdict.environment == [f"num_threads: None recorded, {threads} now {marked}"]
+    assert rerun["work"].name.startswith("repro-verify-")  # a scratch folder of its own
+
+
+def test_a_summary_without_an_environment_or_flags_is_compared_key_by_key(recorded):
+    run_dir, _ = recorded
+    summary = json.loads((run_dir / "summary.json").read_text())
+    edit_summary(run_dir, flags={**summary["flags"], "deterministic": "was"}, env={})
+    verdict = command.verify(run_dir)
+    assert any(line.startswith("python: None recorded") for line in verdict.environment)
+    assert any(line.startswith("deterministic: 'was' recorded") for line in verdict.environment)
+    (run_dir / "summary.json").write_text(
+        json.dumps({"completed": True, "weights_sha256": "w" * 64})
+    )
+    verdict = command.verify(run_dir)
+    assert verdict.identical and all(" recorded, " in line for line in verdict.environment)
+    assert any(line.startswith("cudnn_benchmark: None recorded") for line in verdict.environment)
+
+
+def test_more_steps_than_recorded_are_refused_naming_the_last_recorded_step(recorded):
+    run_dir, _ = recorded
+    with pytest.raises(ConfigError) as refused:
+        command.verify(run_dir, steps=9)
+    assert str(refused.value) == "steps=9 is not allowed: at most the 4 steps the run recorded"
+
+
+def test_a_recorded_config_is_checked_as_data_and_against_the_template(recorded):
+    run_dir, rerun = recorded
+    resolved = run_dir / "resolved_config.yaml"
+    cfg = command._recorded_config(resolved, None, None, {})
+    assert cfg.data.download is False and cfg.trainer.num_threads == 2
+    edit_config(run_dir, "trainer.epochs", "two")
+    with pytest.raises(DataError) as refused:
+        command.verify(run_dir)
+    assert str(refused.value).startswith(f"{resolved}: not a config of this template (")
+    assert "epochs" in str(refused.value)
+    edit_config(run_dir, "trainer.epochs", 1)
+    edit_config(run_dir, "model._target_", "os.system")  # a target this checkout does not know
+    for call in (
+        lambda: command.verify(run_dir),
+        lambda: command._recorded_config(resolved, None, None, {}),
+    ):
+        with pytest.raises(UserError) as refused:
+            call()
+        assert str(refused.value).startswith(f"{resolved}") and "os.system" in str(refused.value)
+    assert rerun["configs"] == []
+
+
+def test_a_nested_key_is_marked_by_its_last_part_and_lines_keep_the_keys_order():
+    lines = command.environment_changes(
+        {"a": 1, "a.b": 1, "x": {"y": {"cpu_capability": "AVX2"}}},
+        {"a": 2, "a.b": 2, "x": {"y": {"cpu_capability": "AVX512"}}},
+    )
+    assert lines == [
+        "x.y.cpu_capability: 'AVX2' recorded, 'AVX512' now (changes floating-point results)",
+        "a: 1 recorded, 2 now",
+        "a.b: 1 recorded, 2 now",
+    ]
+
+
+def test_recorded_data_without_its_splits_names_each_split_now():
+    now = {"sha256": "1", "splits": {"train": {"images": 2, "sha256": "a" * 64}}, "classes": 3}
+    assert command.data_changes({"sha256": "0"}, now) == [
+        f"train: None images None recorded, 2 images {'a' * 12} now"
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv, asked",
+    [
+        (["run"], ("run", None, None, False, False)),
+        (["run", "steps=1"], ("run", 1, None, False, False)),
+        (["run", "trust=true", "steps=5", "download=true"], ("run", 5, None, True, True)),
+    ],
+)
+def test_the_commands_options_reach_verify_and_downloads_stay_off_unless_asked(
+    argv, asked, monkeypatch, capsys
+):
+    given, gates = [], []
+
+    @contextlib.contextmanager
+    def offline(why, allowed=False):
+        gates.append((why, allowed))
+        yield
+
+    monkeypatch.setattr(command, "offline", offline)
+    monkeypatch.setattr(
+        command, "verify", lambda *args, **kw: given.append((*args, *kw.values())) or Verdict(1)
+    )
+    with pytest.raises(SystemExit):
+        command.main(argv)
+    assert given == [(Path(asked[0]), *asked[1:])]
+    assert gates == [("the config comes from run", asked[-1])]
+
+
+def test_an_option_with_a_second_equals_sign_is_refused_as_written(capsys):
+    with pytest.raises(SystemExit):
+        command.main(["run", "steps=3=4"])
+    assert capsys.readouterr().err.startswith("error: steps='3=4' is not allowed: ")
