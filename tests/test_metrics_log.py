@@ -228,6 +228,7 @@ def test_the_curves_plot_each_loss_and_the_accuracy_against_step(tmp_path, monke
     assert out == tmp_path / "curves.png" and matplotlib.get_backend().lower() == "agg"
     assert list(figure.get_size_inches()) == [10, 4]
     loss, accuracy = figure.axes
+    assert loss.get_position().x1 < accuracy.get_position().x0  # side by side
 
     def lines(axis):
         return [
@@ -264,12 +265,14 @@ def test_the_curves_plot_each_loss_and_the_accuracy_against_step(tmp_path, monke
 
 
 def test_a_figure_is_saved_at_100_dpi_and_only_it_is_closed(tmp_path):
+    import matplotlib
     import matplotlib.pyplot as plt
 
     plt.close("all")
-    saved, current = plt.figure(figsize=(3, 2)), plt.figure()
+    saved, current = plt.figure(figsize=(3, 2), dpi=50), plt.figure()
     try:
-        loggers.save_figure_atomic(saved, tmp_path / "f.png")
+        with matplotlib.rc_context({"savefig.dpi": 50}):  # neither the figure's nor the default
+            loggers.save_figure_atomic(saved, tmp_path / "f.png")
         png = (tmp_path / "f.png").read_bytes()
         width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (300, 200)
