@@ -61,6 +61,8 @@ def test_a_run_that_raises_is_one_run_failed_error_with_its_trace(tmp_path, monk
     nested = tmp_path / "scratch" / "straight-1"  # its parent made too
     assert runs.in_process({"seed": 1}, nested, tmp_path) == {"s": 3}
     assert given == [({"seed": 1}, nested)] and nested.is_dir()
+    runs.in_process({"seed": 1}, nested, tmp_path)  # again in its folder: a resume
+    assert given[-1] == ({"seed": 1}, nested)
 
 
 def test_each_config_and_way_has_its_own_folder_made_once(tmp_path, monkeypatch):
@@ -243,5 +245,6 @@ def test_a_fork_past_its_limit_is_stopped(tmp_path):
     with pytest.raises(RunFailedError) as failed:
         runs.waited([sleeper], limit=0.4)
     assert failed.value.line == "the run did not finish within 0 s (stopped)"
+    assert failed.value.trace == ""
     with pytest.raises(ProcessLookupError):
         os.kill(sleeper[0], 0)
