@@ -388,6 +388,7 @@ TARGET_SETS = [  # (task, targets as a list of items) for 3 classes: right, then
     (SINGLE_LABEL, [torch.tensor(SOFT), torch.tensor([0.5, 0.5005, 0.0])]),  # within 1e-3
     (SINGLE_LABEL, [torch.tensor([0, 1, 0]), torch.tensor([1, 0, 0])]),  # integer rows
     (SINGLE_LABEL, [torch.tensor(1.0), torch.tensor(2.0)]),  # float scalars
+    (SINGLE_LABEL, [torch.tensor(1.0)]),  # a split of one image
     (SINGLE_LABEL, [torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5])]),  # two of three
     (MULTI_LABEL, [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 1.5, 0.0])]),
     (MULTI_LABEL, [torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 2.5, 0.0])]),
