@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import errno
 import json
-import logging
 import time
 
 import pytest
@@ -25,13 +24,16 @@ from conftest import compose_config, tiny, train_in_process
 STEPS = 6  # 384 training images in batches of 64, one epoch
 
 
-class Lines(logging.Handler):
+class Said:
+    """repro.train's logger as the run calls it: each line kept, whatever logging's setup."""
+
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
         self.lines: list[str] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+    def info(self, message: str, *args: object) -> None:
+        self.lines.append(message % args)
+
+    error = info
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +41,11 @@ def straight(tmp_path_factory):
     """One tiny run from start to end: its folder, summary, what it logged and how long the
     call took."""
     run_dir = tmp_path_factory.mktemp("straight")
-    said, logger = Lines(), logging.getLogger("repro.train")
-    level, logger.level = logger.level, logging.INFO
-    logger.addHandler(said)
+    said = Said()
     started = time.perf_counter()
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "log", said)
         summary = train_in_process(run_dir, *tiny())
-    finally:
-        logger.removeHandler(said)
-        logger.setLevel(level)
     return run_dir, summary, said.lines, time.perf_counter() - started
 
 
@@ -183,7 +181,7 @@ def test_a_refusing_file_system_is_a_users_error_saying_the_run_resumes(tmp_path
 
 
 def test_a_failed_jobs_error_is_noted_for_the_sweep_report_unless_the_disk_refuses(
-    tmp_path, monkeypatch, caplog
+    tmp_path, monkeypatch
 ):
     train._note_failure(tmp_path, ValueError("bad value"))
     assert (tmp_path / ERROR_FILE).read_text() == "ValueError: bad value\n"
@@ -192,10 +190,12 @@ def test_a_failed_jobs_error_is_noted_for_the_sweep_report_unless_the_disk_refus
         raise StorageError(path, OSError(errno.ENOSPC, "No space left on device"), doing="write")
 
     monkeypatch.setattr(train, "write_text_atomic", refuse)
-    with caplog.at_level(logging.ERROR, logger="repro.train"):
-        train._note_failure(tmp_path / "full", KeyError("k"))
-    assert caplog.messages[-1].endswith(": the sweep report will not see why this job failed")
-    assert str(tmp_path / "full" / ERROR_FILE) in caplog.messages[-1]
+    said = Said()
+    monkeypatch.setattr(train, "log", said)
+    train._note_failure(tmp_path / "full", KeyError("k"))
+    (line,) = said.lines
+    assert line.endswith(": the sweep report will not see why this job failed")
+    assert str(tmp_path / "full" / ERROR_FILE) in line
 
 
 def test_the_seed_is_the_checkpoints_when_resuming_else_the_configs_or_one_drawn():
