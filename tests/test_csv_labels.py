@@ -80,3 +80,101 @@ def test_files_whose_headers_differ_are_refused_and_a_missing_file_named(root):
         csv_labels(cfg(root, "data.val_size=1"), 0, test_file="nowhere.csv")
     with pytest.raises(ConfigError, match=r"data\.num_classes"):
         csv_labels(cfg(root, "data.val_size=1", "data.num_classes=3"), 0)
+
+
+def test_a_validation_file_is_the_validation_split_and_stands_in_for_a_missing_test_file(root):
+    write(root, "train.csv", "path,x,y", "a.png,1,0", "b.png,0,1")
+    write(root, "val.csv", "path,x,y", "c.png,0,0")
+    write(root, "test.csv", "path,x,y", "d.png,1,1")
+    splits = csv_labels(
+        cfg(root, "data.val_size=1", "data.num_classes=2"), 0, val_file="val.csv"
+    )  # a validation file: no row of train.csv is held out, whatever val_size says
+    assert [p.name for p in splits.train.paths] == ["a.png", "b.png"]
+    assert [p.name for p in splits.val.paths] == ["c.png"] and splits.test is splits.val
+    both = csv_labels(cfg(root), 0, val_file="val.csv", test_file="test.csv")
+    assert [p.name for p in both.test.paths] == ["d.png"]
+    assert torch.equal(both.test.labels[0], torch.tensor([1.0, 1.0]))
+    assert both.any_size is True and both.classes == ["x", "y"]
+    write(root, "odd.csv", "path,y", "c.png,0")
+    with pytest.raises(DataError) as refused:
+        csv_labels(cfg(root), 0, val_file="odd.csv")
+    assert str(refused.value) == "odd.csv: its header names ['y'], the training file's ['x', 'y']"
+
+
+def test_the_held_out_rows_are_chosen_by_the_split_seed(root):
+    lines = [f"{name},1,0" for name in ("a.png", "b.png", "c.png", "d.png")]
+    write(root, "train.csv", "path,x,y", *lines)
+    held = {
+        seed: [p.name for p in csv_labels(cfg(root, "data.val_size=2"), seed).val.paths]
+        for seed in range(8)
+    }
+    assert len({tuple(names) for names in held.values()}) > 1, "the seed chooses the rows"
+    again = [p.name for p in csv_labels(cfg(root, "data.val_size=2"), 3).val.paths]
+    assert again == held[3]
+
+
+def test_targets_are_float32_rows_every_value_from_0_to_1_and_blank_lines_are_skipped(root):
+    write(root, "train.csv", "path , x ,y", "a.png,0,1", "", "b.png,0.25,1.0", "")
+    labels, files = read_listing(root, "train.csv")
+    assert labels == ["x", "y"]
+    assert [p for p in files.paths] == [root / "a.png", root / "b.png"]
+    assert all(t.dtype == torch.float32 for t in files.labels)
+    assert torch.equal(torch.stack(list(files.labels)), torch.tensor([[0.0, 1.0], [0.25, 1.0]]))
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.01", "nan", "inf"])
+def test_a_value_outside_0_to_1_is_refused_naming_the_line(root, value):
+    write(root, "train.csv", "path,x,y", "a.png,1,0", f"b.png,0,{value}")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    assert str(refused.value) == (
+        f"{root / 'train.csv'}, line 3: label values must be numbers in [0, 1]"
+    )
+
+
+def test_each_refusal_names_the_listing_by_its_path_under_the_root(root):
+    write(root, "train.csv", "path,x,y", "a.png,1")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    assert str(refused.value) == f"{root / 'train.csv'}, line 2: 2 fields, the header has 3"
+    write(root, "train.csv", "path,x,y", "z.png,1,0")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    assert str(refused.value) == f"{root / 'train.csv'}, line 2: no image file {root / 'z.png'}"
+    write(root, "train.csv", "x")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    assert (
+        str(refused.value) == f"{root / 'train.csv'}: the header must be path,label_a,label_b,..."
+    )
+    (root / "train.csv").write_text("")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    assert str(refused.value).startswith(f"{root / 'train.csv'}: the header must be")
+    write(root, "train.csv", "path,x,y")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    assert str(refused.value) == f"{root / 'train.csv'}: no rows under the header"
+
+
+def test_a_file_that_is_no_csv_text_is_one_line_saying_why(root):
+    (root / "train.csv").write_bytes(b"path,x\n\xff\xfe,1\n")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    assert str(refused.value) == f"{root / 'train.csv'}: not a readable CSV file (not UTF-8 text)"
+    (root / "train.csv").write_text("path,x\n" + "a" * 200_000 + ",1\n")
+    with pytest.raises(DataError) as refused:
+        read_listing(root, "train.csv")
+    said = str(refused.value)
+    assert said.startswith(f"{root / 'train.csv'}: not a readable CSV file (field larger")
+    assert said.endswith(")")
+
+
+def test_the_number_of_classes_must_match_the_header_or_be_null(root):
+    write(root, "train.csv", "path,x,y", "a.png,1,0", "b.png,0,1")
+    assert csv_labels(cfg(root, "data.val_size=1", "data.num_classes=2"), 0).classes == ["x", "y"]
+    with pytest.raises(ConfigError) as refused:
+        csv_labels(cfg(root, "data.val_size=1", "data.num_classes=3"), 0)
+    assert f"{root / 'train.csv'} names 2 labels (or null to take them)" in str(refused.value)
+    with pytest.raises(ConfigError, match=r"data\.root"):
+        csv_labels(cfg(root, "data.root=null"), 0)
