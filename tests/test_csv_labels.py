@@ -178,3 +178,43 @@ def test_the_number_of_classes_must_match_the_header_or_be_null(root):
     assert f"{root / 'train.csv'} names 2 labels (or null to take them)" in str(refused.value)
     with pytest.raises(ConfigError, match=r"data\.root"):
         csv_labels(cfg(root, "data.root=null"), 0)
+
+
+def test_a_listing_hard_linked_from_another_folder_under_the_root_is_read_but_not_outside(root):
+    import os
+
+    write(root, "train.csv", "path,x,y", "a.png,1,0", "b.png,0,1")
+    write(root, "kept.csv", "path,x,y", "c.png,1,1")
+    (root / "lists").mkdir()
+    os.link(root / "kept.csv", root / "lists" / "val.csv")
+    splits = csv_labels(cfg(root), 0, val_file="lists/val.csv")
+    assert [p.name for p in splits.val.paths] == ["c.png"]
+    outside = root.parent / f"{root.name}-outside.csv"
+    outside.write_text("path,x,y\nc.png,1,1\n")
+    os.link(outside, root / "lists" / "test.csv")
+    with pytest.raises(DataError, match=r"lists/test\.csv: not a readable CSV file \(has a hard"):
+        csv_labels(cfg(root), 0, val_file="lists/val.csv", test_file="lists/test.csv")
+
+
+def test_targets_stay_float32_whatever_torchs_default_type(root):
+    write(root, "train.csv", "path,x,y", "a.png,1,0.5")
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _, files = read_listing(root, "train.csv")
+    finally:
+        torch.set_default_dtype(before)
+    assert files.labels[0].dtype == torch.float32
+
+
+def test_a_refused_class_count_or_missing_root_names_the_key_and_the_value(root):
+    write(root, "train.csv", "path,x,y", "a.png,1,0", "b.png,0,1")
+    with pytest.raises(ConfigError) as refused:
+        csv_labels(cfg(root, "data.val_size=1", "data.num_classes=3"), 0)
+    assert (refused.value.key, refused.value.value) == ("data.num_classes", 3)
+    with pytest.raises(ConfigError) as refused:
+        csv_labels(cfg(root, "data.root=null"), 0)
+    assert str(refused.value) == (
+        "data.root=None is not allowed: a folder path: the folder the CSV files and the paths "
+        "in them are relative to"
+    )

@@ -51,6 +51,9 @@ def test_each_changed_key_is_listed_sorted_with_absent_on_the_side_without_it():
         "b: [1] -> [2]",
     ]
     assert explain.config_changes("a: null\n", "a: 0\n") == ["a: None -> 0"]
+    # A key set to null on one side only is still a change: absent is not null.
+    assert explain.config_changes("a: 1\n", "a: 1\nb: null\n") == ["b: (absent) -> None"]
+    assert explain.config_changes("a: 1\nb: null\n", "a: 1\n") == ["b: None -> (absent)"]
 
 
 def test_the_leaves_of_a_config_are_its_dotted_keys():
@@ -163,13 +166,17 @@ def test_a_commit_inside_a_longer_name_is_left_and_an_unchanged_file_is_not_rewr
     (tmp_path / "README.md").unlink()
     assert explain.record_commit(tmp_path, "fed4321", "0a0a0a0") == ["pyproject.toml"]
     assert not (tmp_path / "README.md").exists()
+    (tmp_path / "pyproject.toml").unlink()  # a project without one: its README still moves
+    (tmp_path / "README.md").write_text("0a0a0a0\n")
+    assert explain.record_commit(tmp_path, "0a0a0a0", "1b1b1b1") == ["README.md"]
+    assert (tmp_path / "README.md").read_text() == "1b1b1b1\n"
 
 
 @pytest.mark.parametrize(
     ("old", "new"), [(None, "abc1234"), ("", "abc1234"), ("abc1234", "abc1234")]
 )
 def test_nothing_is_written_without_an_old_commit_or_when_it_is_the_new_one(tmp_path, old, new):
-    text = 'engine_commit = "abc1234"\n'
+    text = 'engine_commit = "fff0000"\n'  # even where pyproject says another: nothing moves
     (tmp_path / "pyproject.toml").write_text(text)
     (tmp_path / "README.md").write_text("abc1234\n")
     assert explain.record_commit(tmp_path, old, new) == []
