@@ -95,6 +95,32 @@ def test_the_choices_an_experiment_asks_for_that_do_not_run_are_named(conf):
     ]
 
 
+LISTED = """# @package _global_
+defaults:
+  - override /metrics: [top5, f1]
+  - _self_
+trainer:
+  epochs: 3
+"""
+
+
+def test_a_list_of_options_is_compared_as_a_set_and_a_plain_entry_is_passed(conf):
+    (conf / "experiment" / "listed.yaml").write_text(LISTED)
+    project = Project(conf)
+    assert project.dropped_choices("listed") == []  # composed [f1, top5]: the same options
+    (conf / "config.yaml").write_text(
+        "defaults:\n  - engine\n  - override metrics: [f1]\n  - _self_\n"
+    )
+    assert Project(conf).dropped_choices("listed") == ["metrics=['top5', 'f1'] (composed: ['f1'])"]
+
+
+def test_an_option_is_meant_only_for_an_experiment_that_chooses_it_whole(conf):
+    project = Project(conf)
+    chosen = project._choices("imagefolder_example")["data"]
+    assert project.meant_for("data", chosen[:-1]) == []  # a prefix of the choice is not it
+    assert project.runs.project == project.root
+
+
 def test_leaves_are_dotted_keys_of_a_nested_dict_and_a_list_is_one():
     assert kit._leaves({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == [
         ("a.b", 1),
@@ -176,3 +202,13 @@ def _stateful(conf: Path) -> list[str]:
     for group in ("callbacks", "components"):
         found += [f"{group}={p.stem}" for p in sorted((conf / group).glob("*.yaml"))]
     return found
+
+
+def test_a_tiny_run_trains_in_this_process_with_the_kits_config_and_its_overrides(conf, tmp_path):
+    project = Project(conf)
+    run = tmp_path / "run"
+    summary = project.train(run, "trainer.max_steps=2", "data=synthetic", "data.train_size=64")
+    assert summary["step"] == 2 and summary["total_steps"] == 2
+    assert (run / "checkpoints" / "step-00000002.pt").is_file()  # a checkpoint every 2 steps
+    steps = [line.split(",")[0] for line in (run / "fingerprints.csv").read_text().splitlines()]
+    assert steps == ["1", "2"]  # every step
