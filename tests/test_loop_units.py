@@ -1,0 +1,197 @@
+"""engine/loop.py on a trainer assembled in this process over a few images (two steps an
+epoch): where the loop stops and why, what each evaluation row holds, what it checkpoints, and
+its state's round trip."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import pytest
+import torch
+
+from repro import build
+from repro.callbacks import Callbacks
+from repro.engine import assembly
+from repro.errors import CheckpointError, ConfigError
+from repro.runs.checkpoint import Checkpointer
+from repro.runtime.distributed import Context
+
+from conftest import compose_config, tiny
+
+SEED = 3
+SIZES = ("data.train_size=64", "data.val_size=32", "data.test_size=16")
+BATCHES = ("trainer.batch_size=32", "trainer.eval_batch_size=16", "trainer.epochs=2")
+SMALL = tiny(*SIZES, *BATCHES, "logger.fingerprint_every_steps=1", "memory_format=contiguous")
+
+
+def assembled(tmp_path, *overrides: str):
+    """A run's trainer as train.py makes it, at step 0, writing into `tmp_path`."""
+    cfg = compose_config(*SMALL, *overrides)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    knobs = assembly.apply_knobs(cfg, Context())
+    parts = assembly.build_parts(cfg, knobs, SEED, build.splits(cfg, SEED))
+    checkpointer = Checkpointer(tmp_path / "checkpoints", cfg.trainer.keep_checkpoints)
+    outputs = assembly.outputs(cfg, tmp_path, checkpointer, Context())
+    saved = {"classes": list(parts.data.classes), "root_seed": SEED}
+    return assembly.trainer(cfg, knobs, parts, outputs, saved)
+
+
+def rows(tmp_path, name: str = "metrics.csv") -> list[dict[str, str]]:
+    with (tmp_path / name).open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def losses(tmp_path) -> dict[int, float]:
+    lines = (tmp_path / "fingerprints.csv").read_text().splitlines()
+    return {int(step): float(loss) for step, loss, _ in (line.split(",") for line in lines)}
+
+
+def test_a_run_trains_to_its_end_and_each_epochs_row_holds_its_own_losses(tmp_path):
+    trainer = assembled(tmp_path)
+    assert trainer.total_steps == 4 and trainer.validates
+    last = trainer.fit()
+    trainer.outputs.metrics.close()
+    pos = trainer.state.position
+    assert (pos.epoch, pos.batch, pos.step) == (2, 0, 4) and pos.train_seconds > 0
+    written = rows(tmp_path)
+    assert [(r["epoch"], r["step"]) for r in written] == [("1", "2"), ("2", "4")]
+    step_loss = losses(tmp_path)
+    assert sorted(step_loss) == [1, 2, 3, 4]
+    for row, steps in zip(written, ((1, 2), (3, 4)), strict=True):
+        mean = sum(step_loss[s] for s in steps) / 2
+        assert float(row["train_loss"]) == pytest.approx(mean, rel=1e-6)
+        assert float(row["images_per_s"]) > 0
+        assert 0 <= float(row["data_wait_frac"]) <= 1 and float(row["train_s"]) > 0
+    assert float(written[1]["train_s"]) > float(written[0]["train_s"])
+    assert float(written[0]["lr"]) > 0  # mid-schedule; the row holds the optimizer's own
+    assert float(written[1]["lr"]) == pytest.approx(trainer.optimizer.param_groups[0]["lr"])
+    assert last == trainer.state.last_eval and last["step"] == 4
+    assert (last["val_loss"], last["val_acc"]) == (
+        pytest.approx(float(written[1]["val_loss"])),
+        pytest.approx(float(written[1]["val_acc"])),
+    )
+    again = trainer.evaluate(trainer.model)  # the row's figures are the model's at the end
+    assert again["loss"] == pytest.approx(last["val_loss"], rel=1e-6)
+    assert again["acc"] == pytest.approx(last["val_acc"], abs=1e-12)
+    assert (pos.loss_sum, pos.loss_count, pos.term_sums) == (0.0, 0, {})  # reset by the row
+    files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert "step-00000004.pt" in files and "last.pt" in files
+    assert trainer.state.stopped_by is None and not trainer.state.stopped_early
+
+
+def test_a_halt_ends_the_run_at_its_step_with_a_checkpoint_there(tmp_path):
+    trainer = assembled(tmp_path, "trainer.halt_at_step=3", "trainer.keep_checkpoints=5")
+    last = trainer.fit()
+    assert trainer.state.position.step == 3 and last["step"] == 2
+    steps = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.pt"))
+    assert steps == ["step-00000002.pt", "step-00000003.pt"]
+    assert not trainer.state.stopped_early
+
+
+def test_a_stop_ends_the_run_after_its_step_as_a_completed_one_and_the_first_reason_stands(
+    tmp_path,
+):
+    trainer = assembled(tmp_path)
+
+    class StopAtOne:
+        def after_step(self, trainer):
+            if trainer.state.position.step == 1:
+                trainer.stop("enough")
+                trainer.stop("a second reason")
+
+    with_callback(trainer, "stopper", StopAtOne())
+    last = trainer.fit()
+    assert trainer.state.position.step == 1 and last["step"] == 1  # evaluated where it stopped
+    assert trainer.state.stopped_early and trainer.state.stop_reason == "enough"
+    assert (tmp_path / "checkpoints" / "step-00000001.pt").is_file()
+
+
+def with_callback(trainer, name: str, callback) -> None:
+    named = {**trainer.callbacks.named, name: callback}
+    trainer.callbacks = Callbacks(named, trainer.callbacks.components)
+
+
+class Flat:
+    """A column whose value never improves: the same every evaluation."""
+
+    def extra_metrics(self, trainer) -> dict[str, float]:
+        return {"val_flat": 0.5}
+
+
+def test_patience_stops_a_run_whose_monitored_value_no_longer_improves(tmp_path):
+    patient = ("trainer.eval_every_steps=1", "trainer.patience=1", "trainer.monitor=val_flat")
+    trainer = assembled(tmp_path, *patient)
+    with_callback(trainer, "flat", Flat())
+    trainer.fit()
+    assert trainer.state.position.step == 2  # best at step 1, the same value at 2
+    assert trainer.state.stop_reason == "trainer.patience: 1 evaluations without a better val_flat"
+    assert trainer.state.best.step == 1 and trainer.state.best.stale == 1
+    assert [r["step"] for r in rows(tmp_path)] == ["1", "2"]
+    best = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert "best.pt" in best  # the best of step 1, promoted by the checkpoint of step 2
+
+
+def test_a_monitor_the_rows_do_not_hold_is_refused_naming_those_they_do(tmp_path):
+    trainer = assembled(tmp_path)
+    trainer.settings = dataclasses.replace(trainer.settings, monitor="val_nope")
+    with pytest.raises(ConfigError) as refused:
+        trainer.fit()
+    assert str(refused.value) == (
+        "trainer.monitor='val_nope' is not allowed: one of this run's val_acc, val_loss"
+    )
+
+
+def test_without_checkpoints_nothing_is_saved_and_the_best_is_still_followed(tmp_path):
+    trainer = assembled(tmp_path, "trainer.save_checkpoints=false")
+    trainer.fit()
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+    assert trainer.state.best.step in (2, 4) and trainer.state.best.value is not None
+
+
+def test_without_a_validation_split_nothing_is_evaluated_or_selected(tmp_path):
+    trainer = assembled(tmp_path, "data.val_size=0", "trainer.test_after_fit=false")
+    assert not trainer.validates and trainer.evaluate(trainer.model) == {}
+    last = trainer.fit()
+    assert "val_loss" not in last and trainer.state.best.step is None
+    assert last["step"] == 4 and "train_loss" in last
+
+
+def test_a_resume_onto_an_unevaluated_end_evaluates_and_checkpoints_once(tmp_path):
+    trainer = assembled(tmp_path)
+    trainer.state.position.step = trainer.total_steps
+    trainer.state.position.epoch = 2
+    last = trainer.fit()
+    assert last["step"] == 4 and len(rows(tmp_path)) == 1
+    assert (tmp_path / "checkpoints" / "step-00000004.pt").is_file()
+
+
+def test_the_state_round_trips_and_a_checkpoint_of_another_world_is_refused(tmp_path):
+    trainer = assembled(tmp_path / "a", "trainer.halt_at_step=3")
+    trainer.fit()
+    trainer.stop("noted")
+    state = trainer.state_dict()
+    other = assembled(tmp_path / "b")
+    other.load_state_dict(state)
+    assert other.state.position == trainer.state.position
+    assert (
+        other.state.last_eval == trainer.state.last_eval and other.state.best == trainer.state.best
+    )
+    assert other.state.stopped_early and other.state.stop_reason == "noted"
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(other.model.state_dict().values(), state["model"].values(), strict=True)
+    )
+    assert torch.equal(torch.get_rng_state(), state["rng"][0]["torch"])
+    state["rng"] = state["rng"] * 2
+    with pytest.raises(CheckpointError) as refused:
+        assembled(tmp_path / "c").load_state_dict(state)
+    assert str(refused.value) == (
+        "the checkpoint was written by 2 process(es), this run has 1; resume with the same "
+        "torchrun --nproc_per_node (or train with trainer.world_invariant=true)"
+    )
+    invariant = assembled(tmp_path / "d")
+    invariant.settings = dataclasses.replace(invariant.settings, world_invariant=True)
+    torch.manual_seed(99)
+    invariant.load_state_dict(state)  # rank 0's random state serves any world
+    assert torch.equal(torch.get_rng_state(), state["rng"][0]["torch"])
