@@ -4,12 +4,15 @@ local settings lent to it, what counts as a difference, and what main prints and
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from repro.errors import ConfigError, UserError
+from repro.errors import BARE, ConfigError, UserError
 from repro.runs.fingerprint_log import Row
 from repro.verify import against
 
@@ -84,6 +87,7 @@ def checkout(tmp_path, monkeypatch) -> Path:
     (project / "conf").mkdir(parents=True)
     _git("init", "--quiet", cwd=tree)
     (project / "code.py").write_text("first\n")
+    (project / "conf" / "config.yaml").write_text("{}\n")  # tracked: the worktree has conf/
     _git("add", ".", cwd=tree)
     _git("commit", "--quiet", "-m", "one", cwd=tree)
     (project / "code.py").write_text("second\n")
@@ -141,6 +145,11 @@ def _trained(losses: dict[str, list[str]]):
     def train(side: against.Side, overrides: list[str], run_dir: Path) -> None:
         key = "then" if side.name.startswith("at ") else "now"
         assert run_dir.name == key and overrides[-1] == "trainer.max_steps=2"
+        if key == "now":
+            assert side.tree == against.TREE
+        else:  # the revision's worktree, lent this machine's local settings
+            assert side.tree.name == "project" and side.tree != against.TREE
+            assert (side.tree / "conf" / "local" / "mine.yaml").read_text() == "x: 1\n"
         side.rows = [Row(i + 1, loss, "") for i, loss in enumerate(losses[key])]
         side.summary = {"weights_sha256": "w", "env": {"num_threads": 1 if key == "then" else 3}}
 
@@ -155,8 +164,12 @@ def test_main_prints_both_trainings_and_says_identical_or_where_they_differ(
     now = ["1.0", "0.5"] if same else ["1.0", "0.6"]
     monkeypatch.setattr(against.Side, "train", _trained({"then": ["1.0", "0.5"], "now": now}))
     monkeypatch.setenv("PYTHONHASHSEED", "0")
+    (checkout / "conf" / "local").mkdir()
+    (checkout / "conf" / "local" / "mine.yaml").write_text("x: 1\n")
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in a fresh process
     with pytest.raises(SystemExit) as ended:
         against.main(["--against", "HEAD~1", "steps=2"])
+    assert logging.root.handlers[0].formatter._fmt == BARE  # its warnings: bare lines
     lines = capsys.readouterr().out.splitlines()
     assert lines[:3] == [
         f"training HEAD~1 ({first[:12]}): 2 steps ...",
@@ -176,3 +189,87 @@ def test_main_says_a_mistake_in_one_line_and_exits_2(checkout, capsys):
         against.main(["--against", "v9"])
     assert ended.value.code == 2
     assert capsys.readouterr().err == "error: --against v9: no such commit in this checkout\n"
+
+
+class Finished:
+    """What subprocess.run returns: an exit code and what the child wrote."""
+
+    def __init__(self, returncode: int, stderr: str = "") -> None:
+        self.returncode, self.stderr, self.stdout = returncode, stderr, ""
+
+
+def test_a_side_trains_with_its_trees_code_from_the_working_tree_and_reads_what_it_wrote(
+    tmp_path, monkeypatch
+):
+    calls = []
+
+    def run(command, **how):
+        calls.append((command, how))
+        run_dir = Path(command[-1].removeprefix("hydra.run.dir="))
+        run_dir.mkdir(parents=True)
+        (run_dir / "fingerprints.csv").write_text("1,0.5,aa\n2,0.25,bb\n")
+        (run_dir / "summary.json").write_text('{"weights_sha256": "w", "env": {"num_threads": 4}}')
+        return Finished(0)
+
+    monkeypatch.setattr(against.subprocess, "run", run)
+    monkeypatch.setenv("PYTHONPATH", "/before")
+    monkeypatch.setenv("PYTHONHASHSEED", "5")
+    side = against.Side("at v1", tmp_path / "tree")
+    assert side.rows == [] and side.summary == {}
+    side.train(["a=1", "b=2"], tmp_path / "runs" / "then")
+    ((command, how),) = calls
+    assert command == [
+        sys.executable,
+        "-m",
+        "repro.train",
+        "a=1",
+        "b=2",
+        f"hydra.run.dir={tmp_path / 'runs' / 'then'}",
+    ]
+    assert how["cwd"] == against.TREE and how["capture_output"] and how["text"]
+    assert how["env"]["PYTHONPATH"] == os.pathsep.join([str(tmp_path / "tree" / "src"), "/before"])
+    assert how["env"]["PYTHONHASHSEED"] == "5"
+    assert [tuple(r) for r in side.rows] == [(1, "0.5", "aa"), (2, "0.25", "bb")]
+    assert side.summary["weights_sha256"] == "w" and side.threads() == "4"
+    monkeypatch.delenv("PYTHONPATH")
+    side.train(["a=1"], tmp_path / "runs" / "again")
+    assert calls[1][1]["env"]["PYTHONPATH"] == str(tmp_path / "tree" / "src")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "said"),
+    [
+        ("Traceback ...\nerror: data.root=None is not allowed\n", "data.root=None is not allowed"),
+        ("  KeyError: 'x'  \n", "KeyError: 'x'"),
+        ("", "no message"),
+    ],
+)
+def test_a_failed_training_is_one_line_from_the_last_line_it_wrote(
+    tmp_path, monkeypatch, stderr, said
+):
+    monkeypatch.setattr(against.subprocess, "run", lambda command, **how: Finished(1, stderr))
+    with pytest.raises(UserError) as refused:
+        against.Side("here", tmp_path).train([], tmp_path / "run")
+    assert str(refused.value) == f"training here failed: {said}"
+
+
+def test_a_count_of_one_is_allowed_and_a_value_with_equals_signs_is_not_a_count():
+    assert against.parse(["--against", "v1", "steps=1", "threads=1"])[1] == 1
+    with pytest.raises(ConfigError) as refused:
+        against.parse(["--against", "v1", "steps=3=4"])
+    assert (refused.value.key, refused.value.value) == ("steps", "3=4")
+    overrides = against.parse(["--against", "v1", "data.root=/a=b"])[2]
+    assert overrides[-1] == "data.root=/a=b"
+
+
+def test_local_settings_are_lent_to_a_tree_that_already_has_some(checkout, tmp_path):
+    (checkout / "conf" / "local").mkdir()
+    (checkout / "conf" / "local" / "mine.yaml").write_text("x: 1\n")
+    other = tmp_path / "other"
+    (other / "conf" / "local").mkdir(parents=True)
+    (other / "conf" / "local" / "theirs.yaml").write_text("y: 2\n")
+    against.share_local_settings(other)
+    assert sorted(p.name for p in (other / "conf" / "local").iterdir()) == [
+        "mine.yaml",
+        "theirs.yaml",
+    ]
