@@ -99,6 +99,7 @@ def test_fixed_tensors_stay_put_and_the_run_is_exact_across_loaders_and_a_resume
     assert not torch.equal(weights["2.2.bias"], torch.zeros(8)), "their shifts are"
 
 
+@pytest.mark.slow  # torch.compile on a CPU: a minute or more of Inductor's code generation
 def test_compiled_in_bf16_the_gradients_stay_finite():
     """The head once took a global max with `amax`, whose compiled bf16 backward gave NaN."""
     torch.manual_seed(0)
