@@ -190,3 +190,159 @@ def test_the_weights_own_values_are_kept_unless_given():
     assert chosen == {"mean": [1], "std": [9], "image_size": 32, "interpolation": "bicubic"}
     assert pretrained._overridden(None, None, None, None, None, None, 8, None) == {"image_size": 8}
     assert pretrained._classes(None) == {} and pretrained._classes(4) == {"num_classes": 4}
+
+
+# ---- torchvision's weights, served here in place of its download ----------------------------
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """torchvision's weights enum hands out a state made here (no network) and says how it was
+    asked: the arguments `get_state_dict` got."""
+    from torchvision import models
+    from torchvision.models._api import WeightsEnum
+
+    asked: list[dict] = []
+    state = models.mobilenet_v3_small(num_classes=1000).state_dict()
+
+    def get_state_dict(self, *args, **how):
+        asked.append({"weights": self.name, "args": args, **how})
+        return {k: v.clone() for k, v in state.items()}
+
+    monkeypatch.setattr(WeightsEnum, "get_state_dict", get_state_dict)
+    return state, asked
+
+
+IMAGENET = {
+    "mean": [0.485, 0.456, 0.406],
+    "std": [0.229, 0.224, 0.225],
+    "image_size": 224,
+    "interpolation": "bilinear",
+}
+
+
+def test_torchvision_weights_are_read_checked_and_loaded_with_the_presets_normalisation(served):
+    state, asked = served
+    model = pretrained.torchvision_model("mobilenet_v3_small", weights="DEFAULT", dropout=0.5)
+    how = {"progress": False, "check_hash": True, "weights_only": True}
+    assert asked == [{"weights": "IMAGENET1K_V1", "args": (), **how}]
+    loaded = model.state_dict()
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+    assert model.classifier[-1].out_features == 1000 and model.classifier[2].p == 0.5
+    assert model.pretrained_normalisation == IMAGENET
+
+
+def test_torchvision_weights_for_other_classes_keep_the_backbone_and_replace_the_head(
+    served, caplog
+):
+    state, _ = served
+    given = {"mean": [0.5] * 3, "std": [0.25] * 3, "image_size": 64, "interpolation": "bicubic"}
+    with caplog.at_level(logging.INFO, logger=pretrained.__name__):
+        model = pretrained.torchvision_model(
+            "mobilenet_v3_small", weights="IMAGENET1K_V1", num_classes=7, **given
+        )
+    head = model.classifier[-1]
+    assert (head.in_features, head.out_features) == (1024, 7)
+    loaded = model.state_dict()
+    assert all(torch.equal(loaded[k], state[k]) for k in state if not k.startswith("classifier.3"))
+    assert caplog.messages == ["model: mobilenet_v3_small's head replaced: 1000 -> 7 outputs"]
+    assert model.pretrained_normalisation == given
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=pretrained.__name__):
+        same = pretrained.torchvision_model(
+            "mobilenet_v3_small", weights="DEFAULT", num_classes=1000
+        )
+    assert same.classifier[-1].out_features == 1000 and caplog.messages == []
+    partly = pretrained.torchvision_model("mobilenet_v3_small", weights="DEFAULT", std=[1.0] * 3)
+    assert partly.pretrained_normalisation == {**IMAGENET, "std": [1.0] * 3}
+
+
+def test_a_torchvision_model_without_weights_takes_its_arguments_and_only_the_given_values():
+    given = {"mean": [0.5] * 3, "std": [0.25] * 3, "interpolation": "nearest"}
+    model = pretrained.torchvision_model("mobilenet_v3_small", dropout=0.5, **given)
+    assert model.classifier[2].p == 0.5 and model.classifier[-1].out_features == 1000
+    assert model.pretrained_normalisation == given
+
+
+def test_the_refusals_of_torchvision_name_the_models_weights_and_heads_in_full():
+    with pytest.raises(ConfigError) as refused:
+        pretrained.torchvision_model("no_such")
+    assert str(refused.value) == (
+        "model.name='no_such' is not allowed: a torchvision model (models.list_models())"
+    )
+    with pytest.raises(ConfigError) as refused:
+        pretrained.torchvision_model("alexnet", weights="IMAGENET9K")
+    assert (
+        str(refused.value)
+        == "model.weights='IMAGENET9K' is not allowed: DEFAULT or one of IMAGENET1K_V1"
+    )
+    with pytest.raises(ConfigError) as refused:
+        pretrained.torchvision_model("resnet50", weights="V9")
+    assert refused.value.allowed == "DEFAULT or one of IMAGENET1K_V1, IMAGENET1K_V2"
+    with pytest.raises(ConfigError) as refused:
+        pretrained._replace_last_linear(nn.Sequential(nn.Conv2d(3, 3, 1)), 2, "conv")
+    assert (refused.value.key, refused.value.value) == ("model.name", "conv")
+    assert refused.value.allowed == "a model whose classifier is an nn.Linear"
+
+
+# ---- timm: its registry's weights, served here in place of its download ---------------------
+
+
+def test_timms_own_weights_are_asked_for_with_the_arguments_and_their_normalisation_kept(
+    monkeypatch,
+):
+    import timm
+
+    asked = []
+    create = timm.create_model
+
+    def create_model(name, **how):
+        asked.append((name, how))
+        return create(name, **{k: v for k, v in how.items() if k != "pretrained"})
+
+    monkeypatch.setattr(timm, "create_model", create_model)
+    model = pretrained.timm_model(NAME, pretrained=True, num_classes=3, drop_rate=0.25)
+    assert asked == [(NAME, {"pretrained": True, "drop_rate": 0.25})]
+    assert model.num_classes == 3 and model.drop_rate == 0.25
+    own = timm.data.resolve_model_data_config(model)
+    assert model.pretrained_normalisation == {
+        "mean": own["mean"],
+        "std": own["std"],
+        "image_size": own["input_size"][-1],
+        "interpolation": own["interpolation"],
+    }
+    asked.clear()
+    plain = pretrained.timm_model(NAME, num_classes=4, drop_rate=0.5, interpolation="bicubic")
+    assert asked == [(NAME, {"num_classes": 4, "drop_rate": 0.5})]
+    assert plain.num_classes == 4 and plain.pretrained_normalisation == {"interpolation": "bicubic"}
+
+
+def test_a_weights_file_that_cannot_be_used_names_the_key_and_the_path(tmp_path):
+    torch.save([1, 2], tmp_path / "list.pt")
+    (tmp_path / "text.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "linked.pt").symlink_to(tmp_path / "list.pt")
+    for name in ("list.pt", "text.pt", "linked.pt"):
+        with pytest.raises(ConfigError) as refused:
+            pretrained.read_weights(tmp_path / name, "model.weights_file")
+        assert (refused.value.key, refused.value.value) == (
+            "model.weights_file",
+            str(tmp_path / name),
+        )
+    with pytest.raises(ConfigError) as refused:
+        pretrained.timm_model(NAME, pretrained=str(tmp_path / "list.pt"))
+    assert refused.value.key == "model.pretrained"
+
+
+def test_the_first_three_tensors_that_do_not_fit_are_named_in_order(tmp_path):
+    import timm
+
+    state = timm.create_model(NAME).state_dict()
+    names = sorted(state)
+    for name in names[:2]:
+        del state[name]
+    torch.save(state, tmp_path / "two.pt")
+    with pytest.raises(ConfigError) as refused:
+        pretrained.timm_model(NAME, pretrained=str(tmp_path / "two.pt"))
+    assert refused.value.allowed == (
+        f"weights of this architecture; missing or of another shape: {names[0]}, {names[1]}"
+    )
