@@ -180,3 +180,41 @@ def _with(model, weights):
     other = copy.deepcopy(model)
     other.load_state_dict(weights)
     return other
+
+
+def test_the_test_split_is_loaded_and_evaluated_with_the_runs_own_parts(tmp_path, monkeypatch):
+    cfg, trainer, parts = assembled(tmp_path, "trainer.test_weights=last")
+    seen: dict[str, tuple] = {}
+
+    def spy(name, real):
+        def called(*args, **named):
+            seen[name] = (args, named)
+            return real(*args, **named)
+
+        return called
+
+    monkeypatch.setattr(final_test.build, "pipelines", spy("pipelines", build.pipelines))
+    monkeypatch.setattr(
+        final_test.build, "evaluation_loader", spy("loader", build.evaluation_loader)
+    )
+    monkeypatch.setattr(final_test, "evaluate", spy("evaluate", final_test.evaluate))
+    final_test.test_after_fit(cfg, finished(trainer), parts)
+    data = parts.data
+    assert seen["pipelines"][0] == (cfg, data.resized, data.any_size, parts.normalisation)
+    args = seen["loader"][0]
+    assert args[1] is data.test and args[3] is parts.context and args[4] == parts.normalisation
+    args, named = seen["evaluate"]
+    assert args[5] is trainer.dist and args[6] == trainer.settings.tta
+    assert named["label_names"] == trainer.classes == list(data.classes)
+
+
+def test_a_multi_label_run_is_tested_on_its_labels_and_says_its_mean_precision(tmp_path, caplog):
+    multi = ("objective=multilabel_bce", "data=synthetic_multilabel", "trainer.test_weights=last")
+    cfg, trainer, parts = assembled(tmp_path, *multi)
+    with caplog.at_level(logging.INFO, logger="repro.runs.final_test"):
+        result = final_test.test_after_fit(cfg, finished(trainer), parts)
+    names = [f"test_ap_{name}" for name in parts.data.classes]
+    assert set(names) <= set(result) and "test_map" in result
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    loss, acc, mean = result["test_loss"], result["test_acc"], result["test_map"]
+    assert said == [f"test (last weights) | loss {loss:.4f} acc {acc:.4f} map {mean:.4f}"]
