@@ -290,3 +290,24 @@ def test_a_result_is_written_with_its_folders_and_a_refusing_disk_is_one_line(tm
     assert ended.value.code == 2
     said = capsys.readouterr().err
     assert said.startswith("error: ") and said.count("\n") == 1 and "file/p.csv" in said
+
+
+def test_a_restored_run_loads_a_split_in_its_order_in_batches_of_the_size_asked(stored, tmp_path):
+    from repro.data.loader import Batches
+    from repro.data.sources import TensorImages
+
+    file = tmp_path / "last.pt"
+    save(file, stored)
+    back = restore.restore(file, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (10, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    source = TensorImages(images, torch.arange(10) % 3)
+    _, transform = build.pipelines(back.cfg, False, False, back.normalisation)
+    loader = back.loader(source, transform, 4)
+    with Batches(loader) as batches:
+        got = list(batches.take(len(loader)))
+    assert [len(labels) for _, labels in got] == [4, 4, 2] and not loader.pin_memory
+    assert torch.equal(torch.cat([labels for _, labels in got]), source.labels)
+    assert torch.equal(torch.cat([batch for batch, _ in got]), images)  # 32 pixels: as stored
+    default = back.cfg.trainer.eval_batch_size
+    assert len(back.loader(source, transform, None)) == -(-10 // default)
