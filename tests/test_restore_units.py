@@ -311,3 +311,15 @@ def test_a_restored_run_loads_a_split_in_its_order_in_batches_of_the_size_asked(
     assert torch.equal(torch.cat([batch for batch, _ in got]), images)  # 32 pixels: as stored
     default = back.cfg.trainer.eval_batch_size
     assert len(back.loader(source, transform, None)) == -(-10 // default)
+
+
+def test_an_output_under_a_file_is_refused_even_one_that_can_be_run(tmp_path):
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    with pytest.raises(ConfigError) as refused:
+        restore.output_file(str(tool / "p.csv"))
+    assert (
+        refused.value.allowed
+        == f"a file in a folder that can be made ({tool} is not a writable folder)"
+    )
