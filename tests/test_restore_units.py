@@ -16,6 +16,7 @@ from repro.errors import CheckpointError, ConfigError
 from repro.objectives import CrossEntropy
 from repro.runs import restore
 from repro.runs.checkpoint import FORMAT, VERSION, atomic_save
+from repro.runs.trust import UntrustedConfigError
 
 from conftest import compose_config, tiny
 
@@ -323,3 +324,67 @@ def test_an_output_under_a_file_is_refused_even_one_that_can_be_run(tmp_path):
         refused.value.allowed
         == f"a file in a folder that can be made ({tool} is not a writable folder)"
     )
+
+
+def test_a_result_goes_into_a_folder_that_is_already_there(tmp_path):
+    restore.write_result(tmp_path / "p.csv", "a\n")
+    restore.write_result(tmp_path / "p.csv", "b\n")
+    assert (tmp_path / "p.csv").read_text() == "b\n"
+
+
+def test_an_argument_may_hold_equals_signs_in_its_value():
+    assert restore.arguments(["ckpt=runs/a=b"], set()).ckpt == "runs/a=b"
+
+
+def test_by_default_a_checkpoint_is_read_on_the_best_device_here_and_trusts_nothing(tmp_path):
+    stored = config()
+    file = tmp_path / "last.pt"
+    save(file, stored)
+    assert restore.restore(file).device == torch.device("cpu")  # auto, on a machine without GPU
+    state = save(file, stored)
+    state["config"]["model"]["_target_"] = "collections.OrderedDict"  # harmless, not trusted
+    atomic_save(state, file)
+    with pytest.raises(UntrustedConfigError) as refused:
+        restore.restore(file, "cpu")
+    assert str(refused.value).startswith(f"{file}: model._target_='collections.OrderedDict' is not")
+    with pytest.raises(Exception) as built:  # trusted: it gets as far as building
+        restore.restore(file, "cpu", trust=True)
+    assert not isinstance(built.value, UntrustedConfigError)
+
+
+def test_a_checkpoint_without_a_config_is_refused_as_holding_none(tmp_path):
+    file = tmp_path / "last.pt"
+    state = save(file, config())
+    del state["config"]
+    atomic_save(state, file)
+    with pytest.raises(UntrustedConfigError) as refused:
+        restore.restore(file, "cpu")
+    assert str(refused.value) == f"{file}: holds no config (a mapping of keys to values)"
+
+
+def test_a_model_that_takes_its_class_count_from_the_data_gets_the_recorded_classes(tmp_path):
+    stored = config()
+    stored["model"]["num_classes"] = None
+    stored["data"]["num_classes"] = None
+    file = tmp_path / "last.pt"
+    save(file, stored, classes=["a", "b", "c"])
+    back = restore.restore(file, "cpu")
+    assert back.model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+
+
+def test_a_run_folder_that_tested_an_average_it_does_not_hold_is_named(tmp_path):
+    run = run_folder(tmp_path, config(), ("last.pt",), {"test_weights": "ema"})
+    with pytest.raises(CheckpointError) as refused:
+        restore.restore(run, "cpu")
+    file = run / "checkpoints" / "last.pt"
+    assert str(refused.value) == f"{file}: its run tested a weight average the file does not hold"
+
+
+def test_a_checkpoint_with_a_second_link_in_its_own_run_folder_or_file_folder_is_read(tmp_path):
+    run = run_folder(tmp_path, config(), ("best.pt",), {"test_weights": "best"})
+    os.link(run / "checkpoints" / "best.pt", run / "kept.pt")  # inside the folder named
+    assert restore.restore(run, "cpu").checkpoint == run / "checkpoints" / "best.pt"
+    file = tmp_path / "alone" / "model.pt"
+    save(file, config())
+    os.link(file, file.parent / "copy.pt")  # the file's own folder holds both of its names
+    assert restore.restore(file, "cpu").checkpoint == file
