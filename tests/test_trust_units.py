@@ -246,3 +246,20 @@ def test_an_installed_projects_conf_is_trusted_and_nothing_else_beside_it(tmp_pa
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     assert trust.config_dirs() == [trust.CONF, (tmp_path / "lab" / "conf").resolve()]
     assert asked == ["repro.projects"] and "lab" not in sys.modules  # located, not imported
+
+
+def test_where_a_stored_config_reaches_the_network_or_a_cache_is_this_machines_choice():
+    data = {"root": "d", "download": True, "endpoint_url": "http://x", "cache_dir": "/c"}
+    assert trust.as_data({"data": data}, "f")["data"] == {
+        "root": "d",
+        "download": False,
+        "endpoint_url": None,
+        "cache_dir": None,
+    }
+
+
+def test_a_name_a_model_module_imports_is_not_its_model_and_each_target_is_judged_where_built():
+    assert not trust.trusted("repro.models.small_cnn.Sequence", "model")  # collections.abc's
+    stored = {"augment": {"transforms": [{"_target_": "torchvision.models.resnet18"}]}}
+    with pytest.raises(UntrustedConfigError, match=r"augment\.transforms\[0\]\._target_="):
+        trust.check(stored, "f")  # a model builder, trusted under model, not under augment
