@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import shlex
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ from repro.models.small_cnn import SmallCNN
 from repro.runs.init_weights import load_matching, load_on_every_rank
 from repro.runtime import distributed
 
-from conftest import compose_config, save_as_from_a_gpu, tiny, train_in_process
+from conftest import Exploit, compose_config, save_as_from_a_gpu, tiny, train_in_process
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +47,6 @@ def test_a_plain_state_dict_saved_from_ddp_loads_too(trained, tmp_path):
     torch.save({f"module.{name}": tensor for name, tensor in source.items()}, plain)
     model = build.model(compose_config(*tiny()), 5)
     assert load_matching(model, plain)["loaded"] == len(source)
-
-
-class Exploit:
-    """Unpickling this runs a command that creates `marker`."""
-
-    def __init__(self, marker) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (shlex.join(["touch", self.marker]),))
 
 
 def test_files_that_cannot_start_a_model_are_refused_in_one_line(trained, tmp_path):
