@@ -17,7 +17,7 @@ from repro.errors import CheckpointError, ConfigError
 from repro.runs.checkpoint import Checkpointer
 from repro.runtime.distributed import Context
 
-from conftest import compose_config, tiny
+from conftest import StepCounter, compose_config, tiny
 
 SEED = 3
 SIZES = ("data.train_size=64", "data.val_size=32", "data.test_size=16")
@@ -195,3 +195,78 @@ def test_the_state_round_trips_and_a_checkpoint_of_another_world_is_refused(tmp_
     torch.manual_seed(99)
     invariant.load_state_dict(state)  # rank 0's random state serves any world
     assert torch.equal(torch.get_rng_state(), state["rng"][0]["torch"])
+
+
+class Counting:
+    """An objective that keeps state between calls: how often it was called."""
+
+    def __init__(self, objective) -> None:
+        self.objective, self.calls = objective, 0
+
+    def __call__(self, logits, targets):
+        self.calls += 1
+        return self.objective(logits, targets)
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
+
+def with_state(tmp_path):
+    """A trainer whose every part keeps state: a callback, the average, an objective, and a
+    loss scaler in use."""
+    trainer = assembled(tmp_path, "+components=ema")
+    named = {**trainer.callbacks.named, "counter": StepCounter()}
+    trainer.callbacks = Callbacks(named, trainer.callbacks.components)
+    trainer.objective = Counting(trainer.objective)
+    trainer.knobs.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    return trainer
+
+
+def test_every_part_that_keeps_state_is_saved_and_restored_under_its_own_key(tmp_path):
+    trainer = with_state(tmp_path / "a")
+    trainer.callbacks.named["counter"].steps, trainer.objective.calls = 5, 7
+    average = trainer.callbacks.components["ema"]
+    with torch.no_grad():
+        for tensor in average.model.parameters():
+            tensor.add_(1)
+    state = trainer.state_dict()
+    assert state["callbacks"]["counter"] == {"steps": 5} and state["objective"] == {"calls": 7}
+    assert set(state["components"]) == {"ema"} and state["scaler"]["scale"] == 2.0**10
+    other = with_state(tmp_path / "b")
+    other.load_state_dict(state)
+    assert other.callbacks.named["counter"].steps == 5 and other.objective.calls == 7
+    assert other.knobs.precision.scaler.get_scale() == 2.0**10
+    restored = other.callbacks.components["ema"].model.state_dict()
+    assert all(torch.equal(v, restored[k]) for k, v in average.model.state_dict().items())
+    # A checkpoint from before a key existed: each part starts as a new run's would.
+    older = {k: v for k, v in state.items() if k not in ("objective", "best", "stopped_early")}
+    third = with_state(tmp_path / "c")
+    third.objective.calls = 2
+    third.load_state_dict({**older, "callbacks": None})
+    assert third.objective.calls == 2 and third.callbacks.named["counter"].steps == 0
+    assert third.state.best == type(third.state.best)() and third.state.stopped_early is False
+    plain = assembled(tmp_path / "d").state_dict()
+    assert "objective" not in plain and plain["callbacks"] == {} and plain["components"] == {}
+
+
+def test_rank_0s_random_state_alone_is_kept_and_restored_in_a_world_invariant_run(
+    tmp_path, monkeypatch
+):
+    from repro.engine import loop
+
+    trainer = assembled(tmp_path / "a")
+    torch.manual_seed(1)
+    first = loop.capture_rng(trainer.device)
+    torch.manual_seed(2)
+    second = loop.capture_rng(trainer.device)
+    monkeypatch.setattr(loop.distributed, "gather", lambda value, dist: [first, second])
+    assert [id(s) for s in trainer._rng_states()] == [id(first), id(second)]
+    trainer.settings = dataclasses.replace(trainer.settings, world_invariant=True)
+    assert [id(s) for s in trainer._rng_states()] == [id(first)]
+    state = {**trainer.state_dict(), "rng": [first, second]}
+    torch.manual_seed(99)
+    trainer.load_state_dict(state)
+    assert torch.equal(torch.get_rng_state(), first["torch"])
