@@ -100,7 +100,7 @@ MUTANTS = [
     Mutant("unpickle-checkpoint", "a checkpoint is read with weights_only=True",
            "guards/received.py", 'torch.load(handle, map_location="cpu", weights_only=True)',
            'torch.load(handle, map_location="cpu", weights_only=False)',
-           ("test_checkpoints.py::test_foreign_and_malicious_files_are_refused",)),
+           ("test_checkpoint_units.py::test_a_file_that_is_not_a_usable_checkpoint_is_refused_saying_why",)),
     Mutant("unpickle-init", "init_weights reads with weights_only=True",
            "guards/received.py",
            'torch.load(io.BytesIO(contents), map_location="cpu", weights_only=True)',

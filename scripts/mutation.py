@@ -8,6 +8,7 @@ None) is run against that module's fast tests, and a change no test notices is r
     make mutants ARGS="--list"                    # the modules and the tests that guard each
     make mutants ARGS="--last runs/trust.py"      # its last run reported again, nothing run
     make mutants ARGS="shards/ --record"          # and its scores kept as the new figures
+    make mutants ARGS="--again engine/loop.py"    # only its last run's survivors, run again
 
 scripts/mutation.toml maps each module to its fast tests (in-process: no `slow`, no `e2e`),
 so that a mutant takes seconds; scripts/mutation_equivalents.toml lists the mutants reviewed
@@ -22,6 +23,8 @@ mutmut works in mutants/ (git-ignored; `make clean` removes it): a copy of src/ 
 function dispatches to its mutants, and tests/ beside it. Each module runs in a process of its
 own, with mutmut's settings from pyproject.toml ([tool.mutmut]) narrowed to the module and its
 tests; every mutant of the module is run again each time, so a test added since counts.
+`--again` runs only the last run's survivors, for the tests added after a review: the killed
+stay killed, the run time stays the whole run's, and a module changed since is refused.
 `uv run mutmut show NAME` prints one mutant; `uv run mutmut browse` browses the last results.
 scripts/mutants.py (`make mutants-known`) is the other harness: hand-written bugs that break
 an end-to-end promise, against the slow tests that run the entry points.
@@ -261,8 +264,11 @@ READ_BY_TESTS = ("conf", "docs", "README.md", "benchmarks", "scripts", "Makefile
 # --- one module, in a process of its own ---------------------------------------------------
 
 
-def run_module(module: str, tests: tuple[str, ...], workers: int) -> dict:
-    """mutmut over `module` against `tests`: {mutant name: {status, diff}}, or an error."""
+def run_module(
+    module: str, tests: tuple[str, ...], workers: int, only: list[str] | None = None
+) -> dict:
+    """mutmut over `module` against `tests`: {mutant name: {status, diff}}, or an error.
+    `only`: those mutants alone, each with its diff (to check it is the change it was)."""
     from mutmut import __main__ as mutmut_main
     from mutmut import configuration
     from mutmut.mutation.data import SourceFileMutationData
@@ -294,7 +300,7 @@ def run_module(module: str, tests: tuple[str, ...], workers: int) -> dict:
     _fastest_tests_first(mutmut_main, state)
     reached = True
     try:
-        mutmut_main._run([f"{dotted(module)}.*"], workers)
+        mutmut_main._run(only or [f"{dotted(module)}.*"], workers)
     except SystemExit as stop:
         # The tests reach none of the module's functions: mutmut stops before any mutant.
         reached = any(state().tests_by_mangled_function_name.values())
@@ -308,9 +314,38 @@ def run_module(module: str, tests: tuple[str, ...], workers: int) -> dict:
     data.load()
     mutants = {}
     for name, code in data.exit_code_by_key.items():
+        if only is not None and name not in only:
+            continue
         status = status_by_exit_code[code] if reached else "no tests"
-        mutants[name] = {"status": status, "diff": "" if status in KILLED else _diff(name, data)}
+        diff = "" if status in KILLED and only is None else _diff(name, data)
+        mutants[name] = {"status": status, "diff": diff}
     return {"mutants": mutants}
+
+
+def survivors_of(result: dict) -> list[str]:
+    """The mutants of a module's run that no test killed."""
+    return [name for name, found in result["mutants"].items() if found["status"] not in KILLED]
+
+
+def merged_again(previous: dict, rerun: dict) -> dict:
+    """`previous` (a module's last run) with the statuses of `rerun`, which ran its survivors
+    alone; an error if one of them is not the change it was (the module changed since)."""
+    if "mutants" not in rerun:
+        return rerun
+    mutants = dict(previous["mutants"])
+    for name, found in rerun["mutants"].items():
+        before = mutants.get(name)
+        if before is None or changed_lines(before["diff"]) != changed_lines(found["diff"]):
+            return {
+                "error": f"{name} is not the change it was in the last run: the module changed "
+                "since, run it whole (without --again)"
+            }
+        killed = found["status"] in KILLED
+        mutants[name] = {"status": found["status"], "diff": "" if killed else found["diff"]}
+    missing = set(survivors_of(previous)) - set(rerun["mutants"])
+    if missing:
+        return {"error": f"mutmut did not run {len(missing)} of the survivors again"}
+    return {**previous, "mutants": mutants}
 
 
 def _fastest_tests_first(mutmut_main: Any, state: Callable[[], Any]) -> None:
@@ -427,21 +462,36 @@ def progress(log: Path) -> str:
     return f"{done}/{total} mutants run, {killed} killed"
 
 
-def run_child(module: str, workers: int, result_file: Path) -> None:
-    """One module's mutmut run, in a process of its own, its output in mutants/logs/."""
+def run_child(module: str, workers: int, result_file: Path, again: bool = False) -> str | None:
+    """One module's mutmut run, in a process of its own, its output in mutants/logs/.
+    `again`: its last run's survivors alone; what went wrong, if anything (the last run's
+    result is then kept as it was)."""
     log = WORK / "logs" / f"{dotted(module)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    previous = result_file.with_suffix(".previous.json")
+    if again:
+        if not result_file.is_file():
+            return "no last run to run again: run it whole first"
+        result_file.replace(previous)  # the child reads it there
     result_file.unlink(missing_ok=True)
     began = time.perf_counter()
     with log.open("w") as out:
         command = [sys.executable, __file__, "--one", module, "--workers", str(workers)]
+        command += ["--again"] if again else []
         child = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         while not _finished(child, PROGRESS_EVERY):
             print(f"  {module}: {progress(log)}", flush=True)
-    if result_file.is_file():
-        result = json.loads(result_file.read_text())
+    result = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    if again:
+        if "mutants" in result:
+            previous.unlink()
+            return None
+        previous.replace(result_file)  # the last run stands
+        return result.get("error", f"mutmut ended without a result: {log.relative_to(ROOT)}")
+    if result:
         result["seconds"] = time.perf_counter() - began
         result_file.write_text(json.dumps(result, indent=1))
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -459,13 +509,25 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help=f"keep this run's scores in {SCORES.relative_to(ROOT)} as the modules' figures",
     )
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="run only the survivors of each module's last run (after adding tests)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one module
     args = parser.parse_args(argv)
     table, equivalents = read_table(), read_equivalents()
     if args.one:
-        result = run_module(args.one, table.tests[args.one], args.workers)
-        (WORK / "results").mkdir(parents=True, exist_ok=True)
-        (WORK / "results" / f"{dotted(args.one)}.json").write_text(json.dumps(result, indent=1))
+        result_file = WORK / "results" / f"{dotted(args.one)}.json"
+        if args.again:
+            previous = json.loads(result_file.with_suffix(".previous.json").read_text())
+            survivors = survivors_of(previous)
+            rerun = run_module(args.one, table.tests[args.one], args.workers, survivors)
+            result = merged_again(previous, rerun) if survivors else previous
+        else:
+            result = run_module(args.one, table.tests[args.one], args.workers)
+        result_file.parent.mkdir(parents=True, exist_ok=True)
+        result_file.write_text(json.dumps(result, indent=1))
         return
     found = table_problems(table, equivalents, records=read_records())
     if found:
@@ -480,8 +542,11 @@ def main(argv: list[str] | None = None) -> None:
     total, notes, failed, started = Tally(), [], [], time.perf_counter()
     for module in chosen:
         result_file = WORK / "results" / f"{dotted(module)}.json"
-        if not args.last:
-            run_child(module, args.workers, result_file)
+        problem = None if args.last else run_child(module, args.workers, result_file, args.again)
+        if problem:
+            failed.append(module)
+            print(f"{module}: {problem}", flush=True)
+            continue
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
         if "mutants" not in result:
             said = result.get("error", "no result: mutmut ended without one, or never ran here")

@@ -162,6 +162,59 @@ def test_an_equivalent_leaves_the_score_only_while_it_changes_the_same_lines(cap
     ]
 
 
+def test_a_run_again_takes_its_survivors_new_statuses_and_keeps_the_rest_of_the_last_run():
+    previous = {
+        "seconds": 900.0,
+        "mutants": {
+            "repro.m.x_f__mutmut_1": {"status": "killed", "diff": ""},
+            "repro.m.x_f__mutmut_2": {"status": "survived", "diff": DIFF},
+            "repro.m.x_f__mutmut_3": {"status": "no tests", "diff": DIFF.replace("x - 1", "x")},
+            "repro.m.x_f__mutmut_4": {"status": "survived", "diff": DIFF.replace("x - 1", "x * 1")},
+        },
+    }
+    assert mutation.survivors_of(previous) == [f"repro.m.x_f__mutmut_{n}" for n in (2, 3, 4)]
+    rerun = {
+        "mutants": {
+            "repro.m.x_f__mutmut_2": {"status": "killed", "diff": DIFF},
+            "repro.m.x_f__mutmut_3": {"status": "timeout", "diff": DIFF.replace("x - 1", "x")},
+            "repro.m.x_f__mutmut_4": {"status": "survived", "diff": DIFF.replace("x - 1", "x * 1")},
+        }
+    }
+    merged = mutation.merged_again(previous, rerun)
+    assert merged["seconds"] == 900.0  # the whole run's time
+    statuses = {name: found["status"] for name, found in merged["mutants"].items()}
+    assert statuses == {
+        "repro.m.x_f__mutmut_1": "killed",
+        "repro.m.x_f__mutmut_2": "killed",
+        "repro.m.x_f__mutmut_3": "timeout",
+        "repro.m.x_f__mutmut_4": "survived",
+    }
+    assert [found["diff"] for found in merged["mutants"].values()] == [
+        "",
+        "",
+        "",
+        rerun["mutants"]["repro.m.x_f__mutmut_4"]["diff"],
+    ]
+    assert previous["mutants"]["repro.m.x_f__mutmut_2"]["status"] == "survived", "a copy"
+    changed = {
+        "mutants": {
+            **rerun["mutants"],
+            "repro.m.x_f__mutmut_2": {"status": "survived", "diff": DIFF.replace("x - 1", "x + 2")},
+        }
+    }
+    assert mutation.merged_again(previous, changed) == {
+        "error": "repro.m.x_f__mutmut_2 is not the change it was in the last run: the module "
+        "changed since, run it whole (without --again)"
+    }
+    fewer = {"mutants": {"repro.m.x_f__mutmut_2": rerun["mutants"]["repro.m.x_f__mutmut_2"]}}
+    assert mutation.merged_again(previous, fewer) == {
+        "error": "mutmut did not run 2 of the survivors again"
+    }
+    assert mutation.merged_again(previous, {"error": "mutmut stopped (1)"}) == {
+        "error": "mutmut stopped (1)"
+    }
+
+
 def test_progress_is_read_from_mutmuts_last_status_line(tmp_path):
     log = tmp_path / "m.log"
     log.write_text("⠋ Generating mutants")
