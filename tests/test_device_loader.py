@@ -14,7 +14,7 @@ from torch.utils.data import default_collate
 
 from repro import build
 from repro.data.batching import BatchMaker
-from repro.data.device_loader import DeviceTrainLoader
+from repro.data.device_loader import DeviceEvalLoader, DeviceTrainLoader
 from repro.data.loader import Batches, EvalView, LoaderContext, TrainView
 from repro.data.samplers import EpochBatches
 from repro.data.slots import Batch
@@ -127,6 +127,57 @@ def test_device_loader_needs_data_in_memory(tmp_path):
     train_transform, _ = build.pipelines(cfg)
     with pytest.raises(ConfigError, match="dataloader='device'"):
         DeviceTrainLoader(files, train_transform, EpochBatches(1, 1, 0), 0, torch.device("cpu"))
+
+
+def test_device_loader_refusals_name_what_it_needs(tmp_path):
+    cfg = compose_config(*SMALL)
+    train_transform, _ = build.pipelines(cfg)
+    files = ImageFiles([tmp_path / "a.png"], [0])
+    with pytest.raises(ConfigError) as refused:
+        DeviceEvalLoader(files, train_transform, 4, LoaderContext(0))
+    assert str(refused.value) == (
+        "dataloader='device' is not allowed: needs an in-memory dataset (synthetic, cifar10, or "
+        "image files with data.cache=memory); use dataloader=default or fast for image files"
+    )
+    resized, _ = build.pipelines(compose_config(*SMALL, "data.resize=40"))
+    held = TensorImages(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.arange(4))
+    with pytest.raises(ConfigError) as refused:
+        DeviceTrainLoader(held, resized, EpochBatches(4, 2, 0), 0, torch.device("cpu"))
+    assert str(refused.value) == (
+        "dataloader='device' is not allowed: crop, flip and Cutout only (no data.resize, no "
+        "augment.transforms)"
+    )
+    device = compose_config(*SMALL, "dataloader=device", "trainer.batch_size=301")
+    data = build.splits(device, 0)
+    with pytest.raises(ConfigError) as refused:
+        build.loaders(device, data, LoaderContext(0))
+    assert str(refused.value) == (
+        "trainer.batch_size=301 is not allowed: at most the 300 training images (over all ranks)"
+    )
+
+
+def test_each_rank_evaluates_every_worldth_image_in_stored_order_pass_after_pass():
+    cfg = compose_config(*SMALL)
+    _, eval_transform = build.pipelines(cfg)
+    images = torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 3, 32, 32)
+    held = TensorImages(images.contiguous(), torch.arange(10) * 10)
+    loader = DeviceEvalLoader(held, eval_transform, 2, LoaderContext(0, rank=1, world=3))
+    assert len(loader) == 2  # images 1, 4 and 7: one batch of two, one of one
+    batches = iter(loader)
+    labels = [next(batches)[1].tolist() for _ in range(4)]
+    assert labels == [[10, 40], [70], [10, 40], [70]]
+    assert len(DeviceEvalLoader(held, eval_transform, 5, LoaderContext(0))) == 2
+    assert len(DeviceEvalLoader(held, eval_transform, 4, LoaderContext(0))) == 3
+
+
+def test_the_device_loaders_are_built_from_the_runs_seed_rank_and_batch_sizes():
+    cfg = compose_config(*SMALL, "dataloader=device", "trainer.eval_batch_size=32")
+    data = build.splits(cfg, 4)
+    train, sampler, val = build.loaders(cfg, data, LoaderContext(4, rank=1, world=2))
+    assert train.sampler is sampler and len(train) == sampler.batches_per_epoch() == 2  # 150 each
+    assert (sampler.root_seed, sampler.rank, sampler.world, sampler.batch_size) == (4, 1, 2, 64)
+    assert val.batch_size == 32 and val.indices.tolist() == list(range(1, 70, 2))
+    assert train.maker.stream == stream_seed(4, "augment")
 
 
 def test_workers_hand_over_batches_through_shared_slots_unchanged():
