@@ -115,6 +115,26 @@ class Exploit:
         return (os.system, (shlex.join(["touch", self.marker]),))
 
 
+def write_checkpoint(path: Path, stored: dict, seed: int = 7, **extra: Any) -> dict:
+    """A checkpoint as a run writes one for the config `stored` (a plain dict), without
+    training: a fresh model of `seed` with its biases moved off their start. Returns its state."""
+    from omegaconf import OmegaConf
+
+    from repro import build
+    from repro.runs.checkpoint import FORMAT, VERSION, atomic_save
+
+    classes = len(extra.get("classes") or []) or None
+    model = build.model(OmegaConf.create(stored), seed, num_classes=classes or 10)
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            value.add_(0.25 if name.endswith("bias") else 0.0)
+    marks = {"format": FORMAT, "version": VERSION, "position": {"step": 3}}
+    state = {**marks, "config": stored, "root_seed": seed, "model": model.state_dict(), **extra}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save(state, path)
+    return state
+
+
 def save_test_resnet(file: Path, num_classes: int = 5) -> Path:
     """Weights of timm's small test network (its own normalisation: mean and std 0.5), seeded,
     saved as safetensors: a "pretrained" model that needs no download."""

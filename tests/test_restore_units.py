@@ -15,10 +15,10 @@ from repro import build
 from repro.errors import CheckpointError, ConfigError
 from repro.objectives import CrossEntropy
 from repro.runs import restore
-from repro.runs.checkpoint import FORMAT, VERSION, atomic_save
+from repro.runs.checkpoint import atomic_save
 from repro.runs.trust import UntrustedConfigError
 
-from conftest import compose_config, tiny
+from conftest import compose_config, tiny, write_checkpoint
 
 SEED = 7
 
@@ -32,16 +32,7 @@ def model_of(stored: dict, classes: int = 10) -> torch.nn.Module:
 
 
 def save(path: Path, stored: dict, **extra) -> dict:
-    """A checkpoint as a run writes one, its weights a fresh model's with its biases moved."""
-    model = model_of(stored, len(extra.get("classes") or []) or 10)
-    with torch.no_grad():
-        for name, value in model.named_parameters():
-            value.add_(0.25 if name.endswith("bias") else 0.0)
-    marks = {"format": FORMAT, "version": VERSION, "position": {"step": 3}}
-    state = {**marks, "config": stored, "root_seed": SEED, "model": model.state_dict(), **extra}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_save(state, path)
-    return state
+    return write_checkpoint(path, stored, SEED, **extra)
 
 
 @pytest.fixture(scope="module")
