@@ -270,3 +270,190 @@ def test_rank_0s_random_state_alone_is_kept_and_restored_in_a_world_invariant_ru
     torch.manual_seed(99)
     trainer.load_state_dict(state)
     assert torch.equal(torch.get_rng_state(), first["torch"])
+
+
+def test_the_losses_reach_the_trackers_from_their_first_step_every_nth_step_or_evaluation(
+    tmp_path,
+):
+    trainer = assembled(tmp_path, "logger.fingerprint_every_steps=3")
+    calls, losses_to = [], trainer.outputs.metrics.losses
+
+    def losses(first_step, values):
+        calls.append((first_step, list(values)))
+        losses_to(first_step, values)
+
+    trainer.outputs.metrics.losses = losses
+    trainer.fit()
+    trainer.outputs.metrics.close()
+    lines = (tmp_path / "fingerprints.csv").read_text().splitlines()
+    written = {int(line.split(",")[0]): float(line.split(",")[1]) for line in lines}
+    # Evaluations at steps 2 and 4 flush what is pending; step 3 is on the hashing cadence.
+    assert [(first, len(values)) for first, values in calls] == [(1, 2), (3, 1), (4, 1)]
+    assert [v for _, values in calls for v in values] == [written[s] for s in (1, 2, 3, 4)]
+    hashed = [line.split(",")[0] for line in lines if line.split(",")[2]]
+    assert hashed == ["3"]
+
+
+def test_training_time_adds_up_from_where_training_last_went_on(tmp_path, monkeypatch):
+    from repro.engine import loop
+
+    trainer = assembled(tmp_path)
+    trainer.state.position.train_seconds, trainer._training_since = 2.0, 10.0
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: 15.0)
+    trainer._count_training_time()
+    assert trainer.state.position.train_seconds == 7.0 and trainer._training_since == 15.0
+
+
+def test_each_step_gets_its_position_the_callbacks_the_trainer_and_a_fault_point_that_settles(
+    tmp_path, monkeypatch
+):
+    from repro.engine import loop
+
+    trainer = assembled(tmp_path)
+    seen, points, step = [], [], trainer.step
+
+    class Before:
+        def before_step(self, loop_given):
+            seen.append(loop_given is trainer)
+
+    def recording(images, labels, epoch, batch):
+        seen.append((epoch, batch))
+        return step(images, labels, epoch, batch)
+
+    def point(name, at, settle=None):  # the checkpoint writer's own points aside
+        if name != "checkpoint":
+            points.append((name, at, settle == trainer.outputs.checkpointer.wait))
+
+    with_callback(trainer, "before", Before())
+    trainer.step = recording
+    monkeypatch.setattr(loop.faults, "point", point)
+    trainer.fit()
+    assert seen == [True, (0, 0), True, (0, 1), True, (1, 0), True, (1, 1)]
+    assert points == [("step", step, True) for step in (1, 2, 3, 4)]
+
+
+def test_a_fault_named_for_a_step_fires_after_it_with_the_checkpoint_before_on_disk(
+    tmp_path, monkeypatch
+):
+    from repro.runs import faults
+
+    monkeypatch.setenv(faults.VARIABLE, "step:3:EIO")
+    trainer = assembled(tmp_path)
+    with pytest.raises(OSError, match="Input/output error"):
+        trainer.run()
+    assert trainer.state.position.step == 3
+    assert trainer.outputs.checkpointer._writer is None  # settled before the fault
+    assert (tmp_path / "checkpoints" / "step-00000002.pt").is_file()
+    trainer.close()
+
+
+def test_a_run_that_ends_inside_an_epoch_is_evaluated_at_its_last_step(tmp_path):
+    trainer = assembled(tmp_path, "trainer.max_steps=3")
+    last = trainer.fit()
+    trainer.outputs.metrics.close()
+    assert trainer.total_steps == 3 and last["step"] == 3
+    assert [r["step"] for r in rows(tmp_path)] == ["2", "3"]
+
+
+def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint_and_the_signal(tmp_path):
+    import os
+    import signal
+
+    trainer = assembled(tmp_path)
+
+    class Terminate:
+        def after_step(self, trainer):
+            if trainer.state.position.step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    with_callback(trainer, "terminate", Terminate())
+    trainer.fit()
+    assert trainer.state.stopped_by == signal.SIGTERM and trainer.state.position.step == 1
+    assert not trainer.state.stopped_early
+    assert (tmp_path / "checkpoints" / "step-00000001.pt").is_file()
+
+
+def test_a_non_finite_loss_stops_the_run_naming_where_the_last_good_checkpoint_is(tmp_path):
+    from repro.engine.losses import NonFiniteLossError
+
+    trainer = assembled(tmp_path)
+
+    class Poison:
+        def after_step(self, trainer):
+            if trainer.state.position.step == 2:
+                with torch.no_grad():
+                    next(trainer.model.parameters()).fill_(float("nan"))
+
+    with_callback(trainer, "poison", Poison())
+    with pytest.raises(NonFiniteLossError) as stopped:
+        trainer.fit()
+    assert str(stopped.value) == (
+        f"loss is nan at step 3; the last good checkpoint is kept in {tmp_path / 'checkpoints'} "
+        "(lower optimizer.lr or set trainer.grad_clip)"
+    )
+
+
+@pytest.mark.parametrize(("mode", "pick"), [("max", max), ("min", min)])
+def test_the_best_is_the_monitored_columns_best_in_the_runs_mode(tmp_path, mode, pick):
+    monitored = ("trainer.eval_every_steps=1", "trainer.monitor=val_loss")
+    trainer = assembled(tmp_path, *monitored, f"trainer.monitor_mode={mode}")
+    trainer.fit()
+    trainer.outputs.metrics.close()
+    values = {int(r["step"]): float(r["val_loss"]) for r in rows(tmp_path)}
+    assert len(set(values.values())) == 4, "four different losses to choose from"
+    best = pick(values, key=values.get)
+    assert trainer.state.best.step == best
+    assert trainer.state.best.value == pytest.approx(values[best])
+
+
+def test_an_absent_monitor_is_refused_naming_the_averages_columns_too(tmp_path):
+    trainer = assembled(tmp_path, "+components=ema")
+    trainer.settings = dataclasses.replace(trainer.settings, monitor="val_nope")
+    with pytest.raises(ConfigError) as refused:
+        trainer.fit()
+    assert str(refused.value) == (
+        "trainer.monitor='val_nope' is not allowed: one of this run's ema_val_acc, "
+        "ema_val_loss, val_acc, val_loss"
+    )
+
+
+def by_hand(trainer, tta: str = "none") -> float:
+    """The validation loss of the trained model, its objective's, from the loader's batches."""
+    from repro.data.loader import Batches
+    from repro.engine.evaluation import predict
+
+    loader, total, images = trainer.data.val_loader, 0.0, 0
+    smoothing = trainer.objective.objective.label_smoothing
+    with Batches(loader) as batches, torch.no_grad():
+        trainer.model.eval()
+        for batch, labels in batches.take(len(loader)):
+            inputs, targets = trainer.data.to_device(batch, labels)
+            logits = predict(trainer.model, inputs, tta)
+            loss = torch.nn.functional.cross_entropy(
+                logits, targets, label_smoothing=smoothing, reduction="sum"
+            )
+            total, images = total + loss.item(), images + len(targets)
+    return total / images
+
+
+@pytest.mark.parametrize("tta", ["none", "flip"])
+def test_an_evaluation_is_the_objectives_loss_under_the_runs_tta_with_its_metrics(tmp_path, tta):
+    trainer = assembled(
+        tmp_path, f"trainer.tta={tta}", "objective.label_smoothing=0.2", "metrics=[top5]"
+    )
+    result = trainer.evaluate(trainer.model)
+    assert result["loss"] == pytest.approx(by_hand(trainer, tta), rel=1e-6)
+    assert 0 <= result["top5"] <= 1 and "predictions" not in result
+
+
+def test_the_callbacks_get_the_predictions_of_each_evaluation(tmp_path):
+    trainer = assembled(tmp_path)
+    seen = []
+
+    class Watcher:
+        def after_evaluation(self, trainer, row, predictions):
+            seen.append((row["step"], predictions.outputs().indices.tolist()))
+
+    with_callback(trainer, "watcher", Watcher())
+    trainer.fit()
+    assert seen == [(2, list(range(32))), (4, list(range(32)))]
