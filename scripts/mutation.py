@@ -286,8 +286,11 @@ def run_module(
             shutil.rmtree(link, ignore_errors=True)
             link.symlink_to(Path("..") / name)
     # mutmut leaves a module it did not mutate this time as a plain copy, newer than the
-    # source, which it would then take for its mutated file: generated afresh each run.
+    # source, which it would then take for its mutated file: generated afresh each run. And
+    # it keeps each mutant's last result while its function's code is unchanged, skipping it:
+    # a result from before the tests changed (or a run cut short) would stand. Dropped too.
     (WORK / "src" / module).unlink(missing_ok=True)
+    (WORK / "src" / f"{module}.meta").unlink(missing_ok=True)
     # mutmut records which tests reach a function only for the functions it mutated in that
     # run, and keeps the record while its settings look the same: two modules guarded by the
     # same test files would share it, and the second find no test reaching any of its own.
