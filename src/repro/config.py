@@ -12,7 +12,7 @@ import inspect
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from repro.errors import ConfigError
 from repro.schema import Config
@@ -217,8 +217,6 @@ def validate(cfg: DictConfig, schema: type = Config) -> None:
     if cfg.data.resize is not None and cfg.data.resize < cfg.data.image_size:
         allowed = f"null or >= data.image_size ({cfg.data.image_size})"
         raise ConfigError("data.resize", cfg.data.resize, allowed)
-    if OmegaConf.is_missing(cfg.data, "root"):  # `???`: the option needs one
-        raise ConfigError("data.root", "???", "a folder path: this data option reads one")
 
 
 def _check_plugged_in(group: str, nodes: Any) -> None:
