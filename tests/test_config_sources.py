@@ -37,3 +37,57 @@ def test_a_schema_default_is_never_a_second_copy_of_a_value_every_option_sets(gr
         if all(spec.name in option for option in options):
             default = spec.default if spec.default is not NO_DEFAULT else None
             assert default == MISSING, f"{group}.{spec.name} is set by every option"
+
+
+def test_the_declared_defaults_are_each_sections_keys_with_a_value_of_their_own():
+    declared = schema.declared_defaults()
+    assert declared == {
+        "dataloader.on_device": False,
+        "augment.flip": "random",
+        "augment.crop_padding_mode": "zeros",
+        "augment.cutout": 0,
+        "trainer.profile_steps": None,
+        "trainer.tta": "none",
+        "trainer.init_weights": None,
+        "logger.tensorboard": False,
+        "optimizer.decay_biases_and_norms": True,
+        "optimizer.lr_scale_biases_and_norms": 1.0,
+        "optimizer.layer_decay": None,
+        "optimizer.head_lr": None,
+        "data.root": None,
+        "data.download": False,
+        "data.fraction": 1.0,
+        "data.cache": "none",
+        "data.cache_budget_gib": 8.0,
+        "data.train_size": None,
+        "data.test_size": None,
+        "data.generator_seed": None,
+    }
+    assert MISSING not in declared.values() and NO_DEFAULT not in declared.values()
+    assert not any(key.startswith(("logger.mlflow", "logger.wandb")) for key in declared)
+    for key, value in declared.items():
+        section, name = key.split(".")
+        owner = schema.OptimizerExtras if section == "optimizer" else SECTIONS.get(section)
+        owner = owner or schema.AugmentConfig
+        assert {f.name: f.default for f in fields(owner)}[name] == value, key
+
+
+def test_the_data_section_is_open_its_declared_keys_at_their_defaults():
+    opened = schema._open(schema.DataConfig)
+    assert opened == {f.name: f.default for f in fields(schema.DataConfig)}
+    assert opened["root"] is None and opened["num_classes"] == MISSING
+    assert schema._open(schema.SeedConfig) == {"mode": MISSING, "value": MISSING}
+
+
+def test_registering_stores_both_schemas_at_the_top_and_the_run_folders_resolver():
+    from hydra.core.config_store import ConfigStore
+
+    schema.register()
+    schema.register()  # safe twice
+    store = ConfigStore.instance()
+    assert store.list("schema") == ["bench.yaml", "train.yaml"]
+    train, bench = store.load("schema/train.yaml"), store.load("schema/bench.yaml")
+    assert train.package == bench.package == "_global_"
+    assert "suite" not in train.node and "suite" in bench.node
+    for resolver in ("record_subdir", "run_id", "run_stamp"):
+        assert OmegaConf.has_resolver(resolver), resolver
