@@ -341,6 +341,10 @@ def test_a_link_or_a_file_outside_its_folder_is_refused_by_the_boundary(tmp_path
         == f"{path}: lies outside {outside} once its links are followed ({path}): refused"
     )
     assert type(refused) is CheckpointError
+    short = inside / "short.pt"
+    short.write_bytes(b"PK")  # refused for where it lies before anything of it is read
+    refused = refusal(short, root=outside)
+    assert "lies outside" in str(refused) and type(refused) is CheckpointError
     for link, target in (("link.pt", path), ("dangling.pt", inside / "gone.pt")):
         (inside / link).symlink_to(target)
         assert str(refusal(inside / link)) == (
