@@ -347,12 +347,22 @@ def test_a_fault_named_for_a_step_fires_after_it_with_the_checkpoint_before_on_d
     trainer.close()
 
 
-def test_a_run_that_ends_inside_an_epoch_is_evaluated_at_its_last_step(tmp_path):
+def test_a_run_that_ends_inside_an_epoch_is_evaluated_then_checkpointed_once_at_its_end(
+    tmp_path,
+):
     trainer = assembled(tmp_path, "trainer.max_steps=3")
+    saved, save = [], trainer.outputs.checkpointer.save
+
+    def counting(state, step):
+        saved.append(step)
+        return save(state, step)
+
+    trainer.outputs.checkpointer.save = counting
     last = trainer.fit()
     trainer.outputs.metrics.close()
     assert trainer.total_steps == 3 and last["step"] == 3
     assert [r["step"] for r in rows(tmp_path)] == ["2", "3"]
+    assert saved == [2, 3]
 
 
 def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint_and_the_signal(tmp_path):
@@ -457,3 +467,13 @@ def test_the_callbacks_get_the_predictions_of_each_evaluation(tmp_path):
     with_callback(trainer, "watcher", Watcher())
     trainer.fit()
     assert seen == [(2, list(range(32))), (4, list(range(32)))]
+
+
+def test_a_multi_label_evaluation_names_each_labels_columns_after_the_data(tmp_path):
+    from repro import tasks
+
+    trainer = assembled(tmp_path, "objective=multilabel_bce", "data=synthetic_multilabel")
+    result = trainer.evaluate(trainer.model)
+    names = tasks.column_names(trainer.classes)
+    assert trainer.classes and all(f"ap_{name}" in result for name in names)
+    assert not any(key.startswith("ap_0") for key in result)
