@@ -222,3 +222,183 @@ def test_a_check_that_differs_names_the_step_and_the_configs_changes(project, ca
     check.configs = ["lr: 0.1\n"] * 2
     check.report()
     assert capsys.readouterr().out.splitlines()[1:] == ["  resolved config: the same"]
+
+
+def test_uv_is_found_on_the_path_or_named_as_needed(monkeypatch):
+    monkeypatch.setattr(upgrade.shutil, "which", lambda name: f"/opt/bin/{name}")
+    assert upgrade.uv() == "/opt/bin/uv"
+    monkeypatch.setattr(upgrade.shutil, "which", lambda name: None)
+    with pytest.raises(UserError) as refused:
+        upgrade.uv()
+    assert str(refused.value) == "uv is needed to build and lock the engine (pip install uv)"
+
+
+def test_the_wheel_is_built_by_uv_into_its_folder_and_must_be_one(tmp_path, monkeypatch):
+    commands, made = [], ["repro-0.3.0-py3-none-any.whl"]
+
+    def run(command, cwd, what):
+        commands.append((command, cwd, what))
+        into = Path(command[command.index("--out-dir") + 1])
+        into.mkdir(parents=True, exist_ok=True)
+        for name in made:
+            (into / name).write_bytes(b"wheel")
+        return ""
+
+    monkeypatch.setattr(upgrade, "run", run)
+    monkeypatch.setattr(upgrade, "uv", lambda: "uv")
+    tree, into = tmp_path / "tree", tmp_path / "wheels"
+    assert upgrade.build_wheel(tree, into) == into / "repro-0.3.0-py3-none-any.whl"
+    assert commands == [
+        (
+            ["uv", "build", "--wheel", "--quiet", "--out-dir", str(into), str(tree)],
+            tree,
+            "building the engine's wheel",
+        )
+    ]
+    made.append("repro-0.4.0-py3-none-any.whl")
+    with pytest.raises(UserError) as refused:
+        upgrade.build_wheel(tree, into)
+    assert str(refused.value) == f"building the engine's wheel gave 2 wheels in {into}"
+    made.clear()
+    (into / "other-1.0-py3-none-any.whl").write_bytes(b"not the engine")
+    for wheel in into.glob("repro-*.whl"):
+        wheel.unlink()
+    with pytest.raises(UserError, match=r"gave 0 wheels"):
+        upgrade.build_wheel(tree, into)
+
+
+def test_the_entry_point_is_the_engines_train_on_the_projects_conf(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(command, **options):
+        seen.update(command=command, **options)
+        return subprocess.CompletedProcess(command, 0, "out", "")
+
+    monkeypatch.setattr(upgrade.subprocess, "run", fake_run)
+    done = upgrade.entry_point(tmp_path, "a=1", "--cfg", "job")
+    assert done.stdout == "out"
+    assert seen == {
+        "command": [
+            sys.executable,
+            "-m",
+            "repro.train",
+            f"--config-path={tmp_path / 'conf'}",
+            "a=1",
+            "--cfg",
+            "job",
+        ],
+        "cwd": tmp_path,
+        "capture_output": True,
+        "text": True,
+    }
+
+
+def test_a_failed_childs_last_line_is_said_without_its_error_prefix():
+    done = subprocess.CompletedProcess([], 1, "", "warning\nerror: data.root is missing\n")
+    assert str(upgrade._failed(done, "training x")) == "training x failed: data.root is missing"
+    silent = subprocess.CompletedProcess([], 1, "", "  \n")
+    assert str(upgrade._failed(silent, "composing")) == "composing failed: no message"
+
+
+@pytest.fixture
+def engine(tmp_path) -> Path:
+    """A template checkout with two commits."""
+    folder = tmp_path / "template"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text("[project]\nname = 'repro'\n")
+    _git("init", "--quiet", cwd=folder)
+    _git("add", ".", cwd=folder)
+    _git("commit", "--quiet", "-m", "first", cwd=folder)
+    (folder / "README.md").write_text("more\n")
+    _git("add", ".", cwd=folder)
+    _git("commit", "--quiet", "-m", "faster loader", cwd=folder)
+    return folder
+
+
+def upgraded(project, engine, monkeypatch, losses, argv=()):
+    """main() with the children stood in for: the wheel build, uv, and each training (whose
+    losses are `losses`, one per training in order). Returns (exit code, commands run)."""
+    commands, trained = [], iter(losses)
+
+    def build_wheel(tree, into):
+        into.mkdir(parents=True)
+        (into / "repro-0.1.0-py3-none-any.whl").write_bytes(b"new engine")
+        return into / "repro-0.1.0-py3-none-any.whl"
+
+    def run(command, cwd, what):
+        commands.append((command[1:], what))
+        return ""
+
+    def entry_point(project, *arguments):
+        if "--cfg" in arguments:
+            return subprocess.CompletedProcess(arguments, 0, "lr: 0.1\n", "")
+        run_dir = Path(next(a for a in arguments if a.startswith("hydra.run.dir="))[14:])
+        run_dir.mkdir(parents=True)
+        (run_dir / "fingerprints.csv").write_text(f"1,{next(trained)},\n")
+        (run_dir / "summary.json").write_text('{"weights_sha256": "w"}')
+        commands.append((list(arguments), "train"))
+        return subprocess.CompletedProcess(arguments, 0, "", "")
+
+    monkeypatch.setattr(upgrade, "build_wheel", build_wheel)
+    monkeypatch.setattr(upgrade, "run", run)
+    monkeypatch.setattr(upgrade, "uv", lambda: "uv")
+    monkeypatch.setattr(upgrade, "entry_point", entry_point)
+    monkeypatch.chdir(project)
+    with pytest.raises(SystemExit) as ended:
+        upgrade.main([str(engine), "steps=1", *argv])
+    return ended.value.code, commands
+
+
+def test_an_upgrade_that_changes_nothing_trains_both_sides_and_says_identical(
+    project, engine, monkeypatch, capsys
+):
+    head = _git("rev-parse", "--short=12", "HEAD", cwd=engine)
+    code, commands = upgraded(project, engine, monkeypatch, ["0.5", "0.5"])
+    assert code == 0
+    trained = [args for args, what in commands if what == "train"]
+    assert [c for c in commands if c[1] != "train"] == [
+        (["lock", "--upgrade-package", "repro"], "uv lock"),
+        (["sync", "--locked", "--all-extras"], "uv sync"),
+    ]
+    assert commands.index((["lock", "--upgrade-package", "repro"], "uv lock")) == 1
+    assert len(trained) == 2 and trained[0][-1].endswith("the-default-config-0")
+    assert trained[1][-1].endswith("the-default-config-1") and "trainer.max_steps=1" in trained[0]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"building the engine from {engine} (working tree at {head}) ..."
+    assert out[1] == "training 1 config(s), 1 steps each, under the old engine ..."
+    assert out[2] == "training 1 config(s), 1 steps each, under the new engine ..."
+    assert out[3] == "the default config: identical (1 steps)"
+    assert out[4] == f"the template's commits from an unrecorded commit to {head}:"
+    assert out[-1].startswith("identical: every config checked trains the same steps; the new ")
+    assert out[-1].endswith(" (commit them)") and "engine/, uv.lock" in out[-1]
+    wheel = project / "engine" / "repro-0.1.0-py3-none-any.whl"
+    assert wheel.read_bytes() == b"new engine"
+
+
+def test_an_upgrade_that_changes_results_names_the_configs_and_how_to_commit_or_roll_back(
+    project, engine, monkeypatch, capsys
+):
+    head = _git("rev-parse", "--short=12", "HEAD", cwd=engine)
+    code, _ = upgraded(
+        project, engine, monkeypatch, ["0.5", "0.5", "0.5", "0.6"], ["experiments=small"]
+    )
+    assert code == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "training 2 config(s), 1 steps each, under the old engine ..." in out
+    assert "the default config: identical (1 steps)" in out
+    assert out[-1].startswith("results change for experiment=small; the new engine is in engine/")
+    assert out[-1].endswith(
+        f'commit them as `git commit -am "Engine @ {head} [changes results]"`, or roll back: '
+        f"{upgrade.ROLLBACK}"
+    )
+
+
+def test_an_upgrade_refused_before_it_starts_is_one_line_and_changes_nothing(
+    project, engine, monkeypatch, capsys
+):
+    (project / "uv.lock").write_text("edited\n")
+    code, commands = upgraded(project, engine, monkeypatch, [])
+    assert code == 2 and commands == []
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "uv.lock has uncommitted changes" in said[0]
+    assert (project / "engine" / "repro-0.1.0-py3-none-any.whl").read_bytes() == b"old wheel"
