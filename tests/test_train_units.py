@@ -207,3 +207,174 @@ def test_the_seed_is_the_checkpoints_when_resuming_else_the_configs_or_one_drawn
     assert train._root_seed(drawn, {"root_seed": "12"}, alone) == 12
     seeds = {train._root_seed(drawn, None, alone) for _ in range(3)}
     assert len(seeds) == 3 and all(isinstance(seed, int) and seed >= 0 for seed in seeds)
+
+
+# ---- main: what the command says and returns for each way a run ends -----------------------
+
+
+class Logged:
+    """repro.train's logger in main: each call's level, line and whether a traceback goes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, bool]] = []
+
+    def _keep(self, level: str, message: str, *args: object, exc_info: bool = False) -> None:
+        self.calls.append((level, message % args, exc_info))
+
+    def info(self, message: str, *args: object, **kwargs: bool) -> None:
+        self._keep("info", message, *args, **kwargs)
+
+    def warning(self, message: str, *args: object, **kwargs: bool) -> None:
+        self._keep("warning", message, *args, **kwargs)
+
+    def error(self, message: str, *args: object, **kwargs: bool) -> None:
+        self._keep("error", message, *args, **kwargs)
+
+
+@pytest.fixture
+def command(tmp_path, monkeypatch):
+    """train.main as Hydra calls it in a run (or, with `sweep`, a job of a multirun) in
+    `tmp_path`, with `train` itself stood in for: returns call(outcome, sweep) -> (the value
+    main returns, the log calls, the folders released)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    from conftest import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        full = compose(config_name="config", overrides=tiny(), return_hydra_config=True)
+    with open_dict(full):
+        full.hydra.runtime.output_dir = str(tmp_path)
+    cfg = full.copy()
+    with open_dict(cfg):
+        del cfg["hydra"]
+    holder = HydraConfig.instance()
+    monkeypatch.setattr(holder, "cfg", None)
+
+    def call(outcome, sweep: bool = False):
+        this = full.copy()  # set_config makes the one it holds read-only
+        OmegaConf.set_readonly(this, False)
+        this.hydra.mode = RunMode.MULTIRUN if sweep else RunMode.RUN
+        holder.set_config(this)
+        logged, released = Logged(), []
+
+        def stand_in(cfg_given, run_dir):
+            assert cfg_given is cfg and run_dir == tmp_path
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        monkeypatch.setattr(train, "train", stand_in)
+        monkeypatch.setattr(train, "log", logged)
+        monkeypatch.setattr(train.run_lock, "release", released.append)
+        return train.main(cfg), logged.calls, released
+
+    return call
+
+
+FINISHED = {
+    "already_complete": False,
+    "stopped_by_signal": None,
+    "completed": True,
+    "step": 6,
+    "val_acc": 0.25,
+    "val_loss": 2.5,
+    "wall_s": 3.21,
+    "weights_sha256": "0123456789abcdef99",
+}
+
+
+def test_a_finished_run_says_its_scores_time_and_weights_and_returns_what_a_sweep_optimises(
+    command, tmp_path
+):
+    value, logged, released = command(FINISHED)
+    assert value == 0.25 and released == [tmp_path]
+    said = "done | val_acc 0.2500 val_loss 2.5000 | 3.2 s | weights_sha256 0123456789abcdef | "
+    assert logged == [("info", said + str(tmp_path), False)]
+
+
+def test_a_rerun_with_nothing_to_do_says_so_on_stdout_and_returns_the_value(
+    command, tmp_path, capsys
+):
+    value, logged, _ = command({**FINISHED, "already_complete": True})
+    assert value == 0.25 and logged == []
+    assert capsys.readouterr().out == (
+        f"already complete: {tmp_path} holds all 6 steps of this config (val_acc 0.2500 "
+        "val_loss 2.5000); nothing to do. To train longer, raise trainer.epochs or "
+        "trainer.max_steps.\n"
+    )
+
+
+def test_a_halted_run_says_where_and_returns_nothing(command):
+    value, logged, _ = command({**FINISHED, "completed": False, "step": 4})
+    assert value is None
+    assert logged == [("info", "halted after step 4 as asked (trainer.halt_at_step)", False)]
+
+
+def test_a_run_stopped_by_a_signal_exits_with_its_code_or_in_a_sweep_returns_nothing(
+    command, tmp_path
+):
+    stopped = {**FINISHED, "stopped_by_signal": 15, "step": 4}
+    with pytest.raises(SystemExit) as ended:
+        command(stopped)
+    assert ended.value.code == 128 + 15
+    value, logged, released = command(stopped, sweep=True)
+    assert value is None and released == [tmp_path]
+    assert logged == [("warning", "stopped by signal 15 at step 4", False)]
+
+
+def test_outside_a_sweep_a_users_error_is_one_line_and_a_bug_its_traceback(
+    command, tmp_path, capsys
+):
+    with pytest.raises(SystemExit) as ended:
+        command(UserError("data.root is missing"))
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == "error: data.root is missing\n"
+    with pytest.raises(SystemExit):
+        command(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m.csv")))
+    assert "the files written before are intact" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="a bug"):
+        command(ValueError("a bug"))
+    assert not (tmp_path / ERROR_FILE).exists()
+
+
+def test_in_a_sweep_a_failed_job_is_logged_noted_for_the_report_and_the_sweep_goes_on(
+    command, tmp_path
+):
+    value, logged, released = command(ValueError("a bug"), sweep=True)
+    assert value is None and released == [tmp_path]
+    assert logged == [("error", "job failed: a bug", True)]
+    assert (tmp_path / ERROR_FILE).read_text() == "ValueError: a bug\n"
+    # The line may quote a file's values: no escape sequence reaches the console.
+    value, logged, _ = command(UserError("bad\x1b[31m value"), sweep=True)
+    assert value is None and logged == [("error", "job failed: bad\\x1b[31m value", False)]
+    assert (tmp_path / ERROR_FILE).read_text() == "UserError: bad\x1b[31m value\n"
+
+
+def test_in_a_sweep_a_folder_another_run_holds_or_an_unsafe_one_gets_no_error_file(
+    command, tmp_path, capsys
+):
+    from repro.guards.folders import UnsafeFolderError
+    from repro.runs.run_lock import RunFolderInUseError
+
+    value, logged, _ = command(RunFolderInUseError("in use by pid 7"), sweep=True)
+    assert value is None and logged == [("error", "job failed: in use by pid 7", False)]
+    assert not (tmp_path / ERROR_FILE).exists()
+    value, logged, _ = command(UnsafeFolderError("train.log links out"), sweep=True)
+    assert value is None and logged == []
+    assert capsys.readouterr().err == "error: job failed: train.log links out\n"
+    assert not (tmp_path / ERROR_FILE).exists()
+
+
+def test_a_run_stopped_early_is_complete_at_its_own_last_step_and_one_cut_short_is_not(
+    tmp_path, monkeypatch
+):
+    asked = []
+    monkeypatch.setattr(
+        train.history, "already_complete", lambda *args: asked.append(args[1:]) or True
+    )
+    assert train._already_complete(tmp_path, {"position": {"step": 4}, "stopped_early": True}, 6)
+    assert train._already_complete(tmp_path, {"position": {"step": 4}}, 6)
+    assert asked == [(4, 4), (4, 6)]
