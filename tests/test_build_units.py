@@ -469,3 +469,63 @@ def test_under_torchrun_the_model_runs_through_ddp_with_its_gpu_named(monkeypatc
     assert wrapped == [(model, None), (model, [1])] and converted == []
     build.data_parallel(model, True, two, torch.device("cuda", 0))
     assert converted == [model] and wrapped[-1] == (None, [0])
+
+
+def test_a_model_fit_to_its_data_gets_training_images_drawn_by_the_seed_normalised():
+    from repro.runtime.seeding import torch_generator
+
+    seen = []
+
+    class Fits(nn.Linear):
+        fit_images = 5
+
+        def fit_to_data(self, images):
+            seen.append(images)
+
+    cfg = compose_config(*tiny())
+    data = build.splits(cfg, 0)
+    build.fit_to_data(Fits(1, 1), cfg, data, 3)
+    drawn = torch.randperm(len(data.train), generator=torch_generator(3, "fit"))[:5]
+    chosen = drawn.sort().values.tolist()
+    assert chosen != sorted(range(5)), "drawn at random, not the split's first"
+    norm = build.normalisation(cfg)
+    mean = torch.tensor(norm["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(norm["std"]).view(1, 3, 1, 1)
+    raw = torch.stack([data.train[index][0] for index in chosen]).float() / 255
+    (images,) = seen
+    assert images.shape == (5, 3, 32, 32)
+    assert torch.allclose(images, (raw - mean) / std, atol=1e-6)
+    Fits.fit_images = 10**6  # more than the split holds: all of it
+    build.fit_to_data(Fits(1, 1), cfg, data, 3)
+    assert len(seen[1]) == len(data.train)
+    for wrong in (True, "3", 2.0):
+        Fits.fit_images = wrong
+        with pytest.raises(ConfigError) as refused:
+            build.fit_to_data(Fits(1, 1), cfg, data, 3)
+        assert str(refused.value) == f"model.fit_images={wrong!r} is not allowed: an integer >= 1"
+
+
+def test_fp16_on_a_gpu_runs_the_optimizer_fused_where_it_can_and_says_so(caplog):
+    import logging
+
+    gpu_fp16 = SimpleNamespace(mode="fp16", device=torch.device("cuda"))
+    model = nn.Linear(2, 2)
+    with caplog.at_level(logging.INFO, logger="repro.build"):
+        fused = build.optimizer(compose_config(*tiny()), model, gpu_fp16)
+    assert fused.defaults["fused"] is True and fused.defaults["foreach"] is None
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.build"]
+    assert said == ["amp=fp16: SGD runs fused (optimizer.fused=false to turn off)"]
+    caplog.clear()
+    own = compose_config(*tiny("+optimizer.fused=false"))
+    assert not build.optimizer(own, model, gpu_fp16).defaults["fused"]
+    cpu = build.optimizer(compose_config(*tiny()), model, Precision("off", torch.device("cpu")))
+    assert not cpu.defaults.get("fused")
+    rprop = compose_config(*tiny())
+    rprop.optimizer = {"_target_": "torch.optim.Rprop", "lr": 0.01}
+    with caplog.at_level(logging.INFO, logger="repro.build"):
+        build.optimizer(rprop, model, gpu_fp16)
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.build"]
+    assert said == [
+        "amp=fp16 with Rprop (no fused form): GradScaler reads its inf flag on the host every "
+        "step, a wait for the GPU"
+    ]
