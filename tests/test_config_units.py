@@ -3,6 +3,9 @@ line it refuses a value in, word for word, and the value beside it that passes."
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import pytest
 from omegaconf import OmegaConf, open_dict
 
@@ -14,10 +17,15 @@ from conftest import compose_config
 ROOT = "data.root=/data"
 
 
+@functools.cache
+def composed(overrides: tuple[str, ...]):
+    return compose_config(ROOT, *overrides)
+
+
 def refusal(*overrides: str, **values) -> ConfigError | None:
     """What validate refuses in the default config with `overrides` (as on the command line)
     and `values` (set past the schema's types: `trainer__batch_size` is trainer.batch_size)."""
-    cfg = compose_config(ROOT, *overrides)
+    cfg = copy.deepcopy(composed(overrides))  # composed once: Hydra takes a second to do it
     with open_dict(cfg):
         for key, value in values.items():
             OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True, merge=False)

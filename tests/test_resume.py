@@ -69,6 +69,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_resume_is_exact(straight_hash, tmp_path):
     run_dir = tmp_path / "run"
     command = [*RESUMABLE, "dataloader.num_workers=0", f"hydra.run.dir={run_dir}"]

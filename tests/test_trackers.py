@@ -33,6 +33,7 @@ def test_mlflow_records_params_metrics_and_artifacts_that_its_client_reads(tmp_p
     assert {"summary.json", "metrics.csv", "resolved_config.yaml"} <= artifacts
 
 
+@pytest.mark.slow
 def test_wandb_offline_records_the_same_run_in_the_run_folder(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
