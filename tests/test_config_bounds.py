@@ -3,6 +3,9 @@ from the tables in repro.config, so a key added there is tested without a new li
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import pytest
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import ValidationError
@@ -13,9 +16,14 @@ from repro.errors import ConfigError
 from conftest import compose_config
 
 
+@functools.cache
+def _composed():
+    return compose_config("data.root=/data")
+
+
 def _refused_key(key: str, value: object) -> str | None:
     """The key validate names when `key` is set to `value` (None if nothing is refused)."""
-    cfg = compose_config("data.root=/data")
+    cfg = copy.deepcopy(_composed())  # composed once: Hydra takes a second to do it
     try:
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value, force_add=True)
