@@ -315,21 +315,33 @@ def engine(tmp_path) -> Path:
     return folder
 
 
-def upgraded(project, engine, monkeypatch, losses, argv=()):
-    """main() with the children stood in for: the wheel build, uv, and each training (whose
-    losses are `losses`, one per training in order). Returns (exit code, commands run)."""
+WHEEL = "repro-0.1.0-py3-none-any.whl"
+
+
+def upgraded(project, engine, monkeypatch, losses, argv=(), at="", wheel=WHEEL):
+    """main() with the children stood in for: the wheel build (giving `wheel`), uv, and each
+    training (whose losses are `losses`, one per training in order), each checking it is
+    handed the project, the engine's tree and the scratch folder main made. Returns (exit
+    code, commands run)."""
     commands, trained = [], iter(losses)
 
     def build_wheel(tree, into):
+        assert into.name == "wheel" and tree in (engine, into.parent / "engine-source")
         into.mkdir(parents=True)
-        (into / "repro-0.1.0-py3-none-any.whl").write_bytes(b"new engine")
-        return into / "repro-0.1.0-py3-none-any.whl"
+        (into / wheel).write_bytes(b"new engine")
+        return into / wheel
+
+    real_run = upgrade.run
 
     def run(command, cwd, what):
+        if command[0] == "git":  # the engine's commit, read for real
+            return real_run(command, cwd, what)
+        assert cwd == project
         commands.append((command[1:], what))
         return ""
 
-    def entry_point(project, *arguments):
+    def entry_point(given, *arguments):
+        assert given == project
         if "--cfg" in arguments:
             return subprocess.CompletedProcess(arguments, 0, "lr: 0.1\n", "")
         run_dir = Path(next(a for a in arguments if a.startswith("hydra.run.dir="))[14:])
@@ -345,7 +357,7 @@ def upgraded(project, engine, monkeypatch, losses, argv=()):
     monkeypatch.setattr(upgrade, "entry_point", entry_point)
     monkeypatch.chdir(project)
     with pytest.raises(SystemExit) as ended:
-        upgrade.main([str(engine), "steps=1", *argv])
+        upgrade.main([f"{engine}{at}", "steps=1", *argv])
     return ended.value.code, commands
 
 
@@ -402,3 +414,95 @@ def test_an_upgrade_refused_before_it_starts_is_one_line_and_changes_nothing(
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "uv.lock has uncommitted changes" in said[0]
     assert (project / "engine" / "repro-0.1.0-py3-none-any.whl").read_bytes() == b"old wheel"
+
+
+def test_an_upgrade_to_a_commit_lists_the_commits_since_the_recorded_one_and_records_it(
+    project, engine, monkeypatch, capsys
+):
+    first = _git("rev-parse", "--short=12", "HEAD~1", cwd=engine)
+    second = _git("rev-parse", "--short=12", "HEAD", cwd=engine)
+    (engine / "later.txt").write_text("a third commit, not asked for\n")
+    _git("add", ".", cwd=engine)
+    _git("commit", "--quiet", "-m", "later work", cwd=engine)
+    with (project / "pyproject.toml").open("a") as toml:
+        toml.write(f'\n[tool.repro]\nengine_commit = "{first}"\n')
+    (project / "README.md").write_text(f"# lab\n\nengine_commit {first}\n")
+    _git("commit", "--quiet", "-am", "recorded", cwd=project)
+    losses = ["0.5", "0.5", "0.6", "0.7"]  # old: default, small; new: default, small
+    newer = "repro-0.2.0-py3-none-any.whl"
+    code, _ = upgraded(
+        project, engine, monkeypatch, losses, ["experiments=small"], "@HEAD~1", newer
+    )
+    assert code == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"building the engine from {engine} at {second} ..."
+    assert "pyproject.toml: the engine's wheel is now engine/" + newer + " (a new version)" in out
+    start = out.index(f"the template's commits from {first} to {second}:")
+    assert out[start + 1] == f"  {second} faster loader"
+    assert out[-1].startswith(
+        "results change for the default config, experiment=small; the new engine is in "
+        "engine/, uv.lock, pyproject.toml, README.md: commit them"
+    )
+    assert f'engine_commit = "{second}"' in (project / "pyproject.toml").read_text()
+    assert f"engine_commit {second}" in (project / "README.md").read_text()
+    assert (project / "engine" / newer).read_bytes() == b"new engine"
+
+
+def test_an_engine_that_is_no_template_checkout_or_has_no_commit_yet_is_named(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        upgrade.source_tree(str(tmp_path / "nowhere"), tmp_path)
+    assert str(refused.value) == (
+        f"ENGINE='{tmp_path / 'nowhere'}' is not allowed: a checkout of the template (it has "
+        "pyproject.toml)"
+    )
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "pyproject.toml").write_text("[project]\n")
+    tree, described, commit = upgrade.source_tree(str(bare), tmp_path)
+    assert tree == bare and (described, commit) == (f"{bare} (working tree at unknown)", "unknown")
+
+
+def test_steps_and_experiments_are_refused_word_for_word(project, tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        upgrade.parse(["/t", "steps=3=4"], project)
+    assert (
+        str(refused.value) == f"steps='3=4' is not allowed: a whole number >= 1 ({upgrade.USAGE})"
+    )
+    _, _, checks, _ = upgrade.parse(["/t", "experiments=[small,big]"], project)
+    assert [c.name for c in checks][1:] == ["experiment=small", "experiment=big"]
+    with pytest.raises(ConfigError) as refused:
+        upgrade.experiments("huge", project)
+    assert str(refused.value) == (
+        "experiments='huge' is not allowed: all, or names of conf/experiment/*.yaml: big, small"
+    )
+    with pytest.raises(ConfigError) as refused:
+        upgrade.experiments("all", tmp_path)
+    assert str(refused.value) == (
+        "experiments='all' is not allowed: all, or names of conf/experiment/*.yaml: none there"
+    )
+
+
+def test_every_uncommitted_file_the_upgrade_writes_is_named(project):
+    (project / "uv.lock").write_text("edited\n")
+    (project / "README.md").write_text("# edited\n")
+    with pytest.raises(UserError) as refused:
+        upgrade.check_committed(project)
+    assert str(refused.value) == (
+        "README.md, uv.lock has uncommitted changes: commit them or run "
+        f"`{upgrade.ROLLBACK}` first, so that the upgrade can be rolled back"
+    )
+
+
+def test_an_upgrade_outside_a_git_checkout_is_refused_naming_the_folder(
+    tmp_path, engine, monkeypatch, capsys
+):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "pyproject.toml").write_text(
+        f'[tool.uv.sources]\nrepro = {{ path = "engine/{WHEEL}" }}\n'
+    )
+    code, commands = upgraded(plain, engine, monkeypatch, [])
+    assert code == 2 and commands == []
+    assert capsys.readouterr().err == (
+        f"error: {plain} is not a git checkout: the upgrade's rollback needs one\n"
+    )
