@@ -79,12 +79,15 @@ def test_the_data_section_is_open_its_declared_keys_at_their_defaults():
     assert schema._open(schema.SeedConfig) == {"mode": MISSING, "value": MISSING}
 
 
-def test_registering_stores_both_schemas_at_the_top_and_the_run_folders_resolver():
+def test_registering_stores_both_schemas_at_the_top_and_the_run_folders_resolver(monkeypatch):
     from hydra.core.config_store import ConfigStore
 
+    store = ConfigStore.instance()
+    monkeypatch.setattr(store, "repo", {})  # as before any entry point registered them
+    for resolver in ("record_subdir", "run_id", "run_stamp"):
+        OmegaConf.clear_resolver(resolver)
     schema.register()
     schema.register()  # safe twice
-    store = ConfigStore.instance()
     assert store.list("schema") == ["bench.yaml", "train.yaml"]
     train, bench = store.load("schema/train.yaml"), store.load("schema/bench.yaml")
     assert train.package == bench.package == "_global_"
