@@ -79,8 +79,10 @@ def test_a_missing_path_or_a_folder_without_images_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("no image")
     with pytest.raises(DataError) as refused:
         predict.image_files(tmp_path)
-    assert str(refused.value).startswith(f"images={tmp_path}: no image files (.")
-    assert str(refused.value).endswith(") under it") and ".png" in str(refused.value)
+    assert str(refused.value) == (
+        f"images={tmp_path}: no image files (.bmp, .gif, .jpeg, .jpg, .png, .ppm, .tif, .tiff, "
+        ".webp) under it"
+    )
 
 
 @pytest.mark.parametrize("tta", ["none", "flip"])
@@ -122,13 +124,22 @@ def test_a_multi_label_runs_rows_name_the_labels_over_one_half_and_each_probabil
     inputs, _ = run.to_device(pixels.permute(0, 3, 1, 2).contiguous(), torch.zeros(5).long())
     with torch.no_grad():
         expected = run.model(inputs).sigmoid()
-    for row, probabilities in zip(rows, expected, strict=True):
+    for row, probabilities, path in zip(rows, expected, paths, strict=True):
         assert list(row) == ["path", "labels", *[f"p_tag_{i}" for i in range(10)]]
         said = [labels[i] for i, value in enumerate(probabilities) if value > 0.5]
         assert row["labels"] == ";".join(said)
+        assert row["path"] == str(path)
         for i, value in enumerate(probabilities.tolist()):
             assert row[f"p_tag_{i}"] == pytest.approx(value, abs=2e-6)
+            assert row[f"p_tag_{i}"] == round(row[f"p_tag_{i}"], 6)
     assert any(row["labels"] for row in rows) and any(";" in row["labels"] for row in rows)
+
+
+def test_every_class_may_be_asked_for(checkpoint, images):
+    rows = predict.predict_files(checkpoint, images / "b.png", top_k=10)
+    assert sorted(rows[0][f"class{'' if rank == 1 else f'_{rank}'}"] for rank in range(1, 11)) == (
+        sorted(CLASSES)
+    )
 
 
 @pytest.mark.parametrize("top_k", [0, 11, 2.0, "3"])
@@ -150,6 +161,13 @@ def test_the_command_writes_one_csv_row_per_image_and_says_where(
         written = list(csv.DictReader(file))
     rows = predict.predict_files(checkpoint, images, top_k=2)
     assert written == [{key: str(value) for key, value in row.items()} for row in rows]
+    flipped = tmp_path / "flipped.csv"
+    predict.main([f"ckpt={checkpoint}", f"images={images}", f"out={flipped}", "tta=flip"])
+    with flipped.open(newline="") as file:
+        written = list(csv.DictReader(file))
+    rows = predict.predict_files(checkpoint, images, tta="flip")
+    assert written == [{key: str(value) for key, value in row.items()} for row in rows]
+    capsys.readouterr()
     monkeypatch.chdir(tmp_path)
     predict.main([f"ckpt={checkpoint}", f"images={images / 'b.png'}"])
     assert (tmp_path / "predictions.csv").read_text().splitlines()[0] == "path,class,probability"
