@@ -1086,6 +1086,7 @@ def test_the_payloads_are_live(tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_a_case_is_drawn_the_same_every_time(base, tmp_path):
     """A failing case's id replays it: the same payloads, the same entry points."""
     drawn = []

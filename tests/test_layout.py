@@ -211,6 +211,7 @@ def test_deleting_a_component_and_its_yaml_leaves_the_rest_working(component, tm
 NOT_AT_START = ("scipy", "torchvision")
 
 
+@pytest.mark.slow
 def test_starting_a_training_run_imports_neither_scipy_nor_torchvision():
     # A fresh interpreter: the entry point's modules, then Hydra's plugin scan, which imports
     # every module under hydra_plugins (repro's sweepers too) on every run.

@@ -95,6 +95,7 @@ def test_fresh_history_provenance_and_nothing_left_over(project):
     assert [p.name for p in (project / "conf" / "local").iterdir()] == [".gitkeep"]
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_the_new_project_trains_from_its_own_code(project, tmp_path):
     # The current venv has every dependency, so PYTHONPATH stands in for a second `uv sync`.

@@ -99,6 +99,7 @@ def test_packing_is_reproducible_and_never_writes_into_an_existing_folder(packed
     assert sorted(p.name for p in packed.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_the_command_packs_and_verifies_and_refuses_a_damaged_shard_in_one_line(
     packed, tmp_path, capsys
 ):
@@ -447,6 +448,7 @@ def test_an_unreachable_bucket_or_a_missing_one_is_one_line(s3_server, s3_env, t
                                               tmp_path / "c"))  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_an_unreachable_bucket_stops_the_command_with_one_line(tmp_path):
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

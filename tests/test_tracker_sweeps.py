@@ -92,6 +92,7 @@ def test_a_sweeps_jobs_nest_under_one_mlflow_run_and_share_a_wandb_group(tmp_pat
         assert losses == set(range(1, read_summary(job)["step"] + 1))
 
 
+@pytest.mark.slow
 def test_mlflow_and_tensorboard_at_once_get_every_steps_loss_in_one_request_per_flush(
     tmp_path, monkeypatch
 ):

@@ -59,6 +59,7 @@ def test_wandb_offline_records_the_same_run_in_the_run_folder(tmp_path, monkeypa
     assert repr(summary["test_acc"]).encode() in log
 
 
+@pytest.mark.slow
 def test_an_mlflow_experiment_made_by_another_process_meanwhile_is_joined(tmp_path, monkeypatch):
     """Two runs starting together both find no experiment; the second one's creation is
     refused by MLflow, and that run must join the first one's experiment, not fail."""
@@ -94,6 +95,7 @@ def test_mlflow_takes_a_plain_path_as_a_local_store(tmp_path):
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_the_default_mlflow_store_is_under_outputs_and_ignored_by_git(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.chdir(tmp_path)

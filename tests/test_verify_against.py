@@ -127,6 +127,7 @@ def test_a_commit_that_changes_the_schedule_is_named_at_the_first_step_it_change
     assert "results changed, as the commit message says" in ci.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_mistakes_are_refused_in_one_line_and_leave_no_worktree(project, tmp_path):
     on_branch_from_start(project, "mistakes")
