@@ -85,6 +85,16 @@ def torchrun(
     )
 
 
+def sweep_said(done: subprocess.CompletedProcess, sweep_dir: Path) -> str:
+    """What a sweep that failed said, for an assertion's message: the report (stdout), the
+    end of stderr, and each failed job's error line and the end of its log."""
+    said = [done.stdout[-2000:], done.stderr[-2000:]]
+    for error in sorted(sweep_dir.glob("*/error.txt")):
+        log = error.parent / "train.log"
+        said += [f"{error}: {error.read_text()}", log.read_text()[-2000:] if log.exists() else ""]
+    return "\n".join(said)
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -21,7 +21,7 @@ from repro.errors import ConfigError, UserError
 from repro.sweeps import render, report, verdict
 from repro.sweeps.stats import difference_of_means, paired_difference
 
-from conftest import IMAGEFOLDER, make_image_tree, run_cli, tiny
+from conftest import IMAGEFOLDER, make_image_tree, run_cli, sweep_said, tiny
 
 A = [0.912, 0.905, 0.921, 0.899, 0.915, 0.908]
 B = [0.925, 0.911, 0.934, 0.910, 0.921, 0.920]  # B[i] beats A[i] by about 0.01: a paired design
@@ -224,7 +224,7 @@ def test_a_real_difference_stops_before_the_budget_and_a_rerun_continues(tmp_pat
         "hydra.sweeper.metric=val_loss", "hydra.sweeper.budget=6", f"hydra.sweep.dir={sweep_dir}",
     ]  # fmt: skip
     done = run_cli("repro.train", *command)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, sweep_said(done, sweep_dir)
     decision = json.loads((sweep_dir / "adaptive_seeds.json").read_text())
     assert decision["resolved"] and decision["seeds"] < 6, decision["why"]
     assert "b gives the higher val_loss" in decision["why"]  # b: the one that does not learn
@@ -251,7 +251,7 @@ def test_a_real_difference_stops_before_the_budget_and_a_rerun_continues(tmp_pat
         shutil.rmtree(sweep_dir / job)
     (sweep_dir / "adaptive_seeds.json").unlink()
     again = run_cli("repro.train", *command)
-    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.returncode == 0, sweep_said(again, sweep_dir)
     after = trained(sweep_dir)
     assert {job: after[job] for job in before if job not in last} == {
         job: before[job] for job in before if job not in last
@@ -273,7 +273,7 @@ def test_identical_configs_spend_the_budget_unresolved_and_a_larger_budget_goes_
     ]  # fmt: skip
     named = "hydra.callbacks.sweep_report.metrics=[best_val_acc]"  # a number to summarise too
     done = run_cli("repro.train", *command, "hydra.sweeper.budget=2", named)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, sweep_said(done, sweep_dir)
     groups = json.loads((sweep_dir / "sweep_summary.json").read_text())["groups"]
     assert groups["logger.progress=off"]["best_val_acc"]["count"] == 2
     decision = json.loads((sweep_dir / "adaptive_seeds.json").read_text())
@@ -286,7 +286,7 @@ def test_identical_configs_spend_the_budget_unresolved_and_a_larger_budget_goes_
     before = trained(sweep_dir)
     parallel = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     done = run_cli("repro.train", *command, *parallel, "hydra.sweeper.budget=4")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, sweep_said(done, sweep_dir)
     after = trained(sweep_dir)
     assert {job: after[job] for job in before} == before  # the first round is not retrained
     assert sorted(after, key=int) == [str(job) for job in range(8)]

@@ -15,7 +15,7 @@ from scipy import stats
 
 from repro.sweeps import render, report
 
-from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
+from conftest import ROOT, read_summary, run_cli, sweep_said, tiny, train_in_process
 
 # One DataLoader worker: inside a joblib job, workers must still start.
 SWEEP = tiny("trainer.num_threads=1", "dataloader.num_workers=1")
@@ -34,7 +34,7 @@ def test_joblib_sweep_report_and_a_job_equals_its_single_run(tmp_path):
         f"hydra.sweep.dir={sweep_dir}",
     ]  # fmt: skip
     done = run_cli("repro.train", *sweep_args)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, sweep_said(done, sweep_dir)
     assert "| group | metric |" in done.stdout  # the table is printed at the end
 
     summary = json.loads((sweep_dir / "sweep_summary.json").read_text())
@@ -145,7 +145,7 @@ def test_submitit_local_sweep_of_two_jobs(tmp_path):
         "-m", "seed=0,1", "hydra/launcher=submitit_local", *SWEEP, f"hydra.sweep.dir={sweep_dir}"
     ]  # fmt: skip
     done = run_cli("repro.train", *sweep_args)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, sweep_said(done, sweep_dir)
     jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["ok", "ok"]
     assert jobs[0]["weights_sha256"] != jobs[1]["weights_sha256"]
@@ -161,7 +161,7 @@ def test_optuna_search_runs_seeded_trials(tmp_path):
         "repro.train", "-m", "hparams_search=lr_wd", "hydra.sweeper.n_trials=2", *SWEEP,
         f"hydra.sweep.dir={sweep_dir}",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, sweep_said(done, sweep_dir)
     result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert set(result["best_params"]) == {"optimizer.lr", "optimizer.weight_decay"}
     jobs = json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_summary, run_cli, tiny, train_in_process
+from conftest import read_summary, run_cli, sweep_said, tiny, train_in_process
 
 # One thread and one worker, as in tests/test_sweeps.py: what a joblib job of a sweep gets.
 SWEEP = tiny("trainer.num_threads=1", "dataloader.num_workers=1")
@@ -52,7 +52,7 @@ def test_a_sweeps_jobs_nest_under_one_mlflow_run_and_share_a_wandb_group(tmp_pat
         "hydra.launcher.n_jobs=2", *SWEEP, "logger=[mlflow,wandb]",
         f"logger.mlflow.tracking_uri={store}", f"hydra.sweep.dir={sweep_dir}", env=env,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, sweep_said(done, sweep_dir)
     lrs = {"0": "0.05", "1": "0.1"}  # job number -> its swept value
 
     # MLflow: one parent run for the sweep (made once though both jobs started together),
