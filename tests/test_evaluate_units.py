@@ -338,3 +338,12 @@ def test_other_classes_at_the_root_given_are_refused_naming_it(tmp_path):
     with pytest.raises(CheckpointError) as refused:
         evaluate.evaluate_checkpoint(file, split="val", data_root=str(tree))
     assert str(refused.value).startswith(f"data.root={tree}: the data has the classes [bar, blank")
+
+
+def test_a_memory_cached_run_of_data_held_in_memory_decodes_nothing(tmp_path, monkeypatch):
+    file = tmp_path / "last.pt"
+    write_checkpoint(file, stored("data.cache=memory", "data.test_size=8"), SEED)
+    monkeypatch.setattr(evaluate, "decode", lambda *args: pytest.fail("decoded a held split"))
+    logits, labels = by_hand(file, "test")
+    result = evaluate.evaluate_checkpoint(file, tta="none")
+    assert result["loss"] == pytest.approx(functional.cross_entropy(logits, labels).item())
