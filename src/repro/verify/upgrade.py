@@ -23,7 +23,6 @@ Every training runs in a child process, from the project's folder, with one PYTH
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -32,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from repro.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
+from repro.guards import received
 from repro.runs.fingerprint_log import FingerprintLog
 from repro.verify import explain
 from repro.verify.against import CONFIG, DEFAULT_STEPS, EVERY_STEP, PACKAGE, Side, difference
@@ -177,7 +177,7 @@ class Check:
         if done.returncode != 0:
             raise _failed(done, f"training {self.name} under {side.name}")
         side.rows = FingerprintLog.of_run(run_dir).read()
-        side.summary = json.loads((run_dir / "summary.json").read_text())
+        side.summary = received.load_json(run_dir / "summary.json", root=run_dir)
 
     def report(self) -> str | None:
         """None when identical; else the first step that differs and the config's changes."""
