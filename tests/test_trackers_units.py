@@ -5,6 +5,7 @@ A whole run's tracking, W&B's offline files included, is test_trackers'."""
 
 from __future__ import annotations
 
+import fcntl
 import sys
 import time
 from pathlib import Path
@@ -94,6 +95,39 @@ def test_a_sweeps_jobs_nest_under_one_run_that_gets_the_report_at_the_end(tmp_pa
     unnested.mkdir()
     trackers.end_sweep(cfg, unnested)  # no parent run kept: nothing to finish
     trackers.end_sweep(compose_config(*tiny()), sweep_dir)  # no MLflow asked for
+
+
+def lock_held(sweep_dir: Path) -> bool:
+    """Whether someone holds the sweep's lock (flock: a second open of the file is refused)."""
+    with open(sweep_dir / ".mlflow_parent.lock", "a") as other:
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(other, fcntl.LOCK_UN)
+        return False
+
+
+def test_a_sweeps_job_makes_its_client_and_runs_one_job_at_a_time(tmp_path, monkeypatch):
+    # A fresh file store's first client writes MLflow's default experiment: a second job's
+    # client reading it half-written fails (a TypeError in MLflow), so jobs take turns.
+    sweep_dir, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "0"
+    run_dir.mkdir(parents=True)
+    cfg, held, real = mlflow_config(tmp_path / "mlruns"), [], trackers.mlflow_client
+
+    def client(uri):
+        held.append(("client", lock_held(sweep_dir)))
+        return real(uri)
+
+    monkeypatch.setattr(trackers, "mlflow_client", client)
+    sweep = trackers.Sweep(sweep_dir, {"seed": "0"})
+    job = trackers.MlflowTracker(cfg, run_dir, sweep)
+    held.append(("after", lock_held(sweep_dir)))
+    trackers.MlflowTracker(cfg, run_dir, sweep)  # a resume: its client under the lock too
+    (tmp_path / "alone").mkdir()
+    trackers.MlflowTracker(cfg, tmp_path / "alone")  # no sweep: no lock
+    assert held == [("client", True), ("after", False), ("client", True), ("client", False)]
+    assert job.client.get_run(job.run_id).data.tags["seed"] == "0"
 
 
 def test_an_experiment_another_process_made_meanwhile_is_joined(tmp_path, monkeypatch):

@@ -11,10 +11,12 @@ as one: a W&B group named after the sweep folder, an MLflow run nested under the
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,18 @@ def _kept_id(run_dir: Path, name: str) -> str | None:
     return received.read_text(path, root=run_dir).strip() if path.exists() else None
 
 
+@contextlib.contextmanager
+def _one_job_at_a_time(sweep: Sweep | None) -> Iterator[None]:
+    """Within the block, no other job of `sweep` is in its own (a lock in the sweep folder,
+    released when its file closes); outside a sweep, no lock."""
+    if sweep is None:
+        yield
+        return
+    with open_in_place(sweep.folder / ".mlflow_parent.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 class MlflowTracker:
     """MLflow: a local store in outputs/mlruns unless `logger.mlflow.tracking_uri` names
     another (a folder, a server, `sqlite:///...`). Every write is one `log_batch` request."""
@@ -136,22 +150,29 @@ class MlflowTracker:
 
     def __init__(self, cfg: DictConfig, run_dir: Path, sweep: Sweep | None = None) -> None:
         settings = cfg.logger.mlflow
-        self.client, self.run_dir = mlflow_client(settings.tracking_uri), run_dir
-        self.run_id = _kept_id(run_dir, self.ID_FILE)
-        if self.run_id is None:
-            tags = {}
-            if sweep is None:
-                experiment_id = self._experiment(settings.experiment)
-            else:  # what `mlflow.start_run(nested=True)` sets
-                experiment_id, parent = self._parent(settings.experiment, sweep.folder)
+        self.run_dir, self.run_id = run_dir, _kept_id(run_dir, self.ID_FILE)
+        # A sweep's jobs start together (the joblib launcher): one at a time makes its client
+        # (a file store's first client writes the default experiment, which a second could
+        # read half-written), then the experiment and the sweep's run.
+        with _one_job_at_a_time(sweep):
+            self.client = mlflow_client(settings.tracking_uri)
+            if self.run_id is not None:
+                return
+            experiment_id, tags = self._experiment(settings.experiment), {}
+            if sweep is not None:  # what `mlflow.start_run(nested=True)` sets
+                parent = _kept_id(sweep.folder, self.PARENT_FILE)
+                if parent is None:
+                    made = self.client.create_run(experiment_id, run_name=sweep.folder.name)
+                    parent = made.info.run_id
+                    write_text_atomic(sweep.folder / self.PARENT_FILE, parent + "\n")
                 tags = {"mlflow.parentRunId": parent} | sweep.tags
-            run = self.client.create_run(experiment_id, run_name=run_dir.name, tags=tags)
-            self.run_id = run.info.run_id
-            write_text_atomic(run_dir / self.ID_FILE, self.run_id + "\n")
-            from mlflow.entities import Param
+        run = self.client.create_run(experiment_id, run_name=run_dir.name, tags=tags)
+        self.run_id = run.info.run_id
+        write_text_atomic(run_dir / self.ID_FILE, self.run_id + "\n")
+        from mlflow.entities import Param
 
-            parameters = [Param(key, value[:6000]) for key, value in _parameters(cfg).items()]
-            self.client.log_batch(self.run_id, params=parameters)
+        parameters = [Param(key, value[:6000]) for key, value in _parameters(cfg).items()]
+        self.client.log_batch(self.run_id, params=parameters)
 
     def _experiment(self, name: str) -> str:
         """The id of the experiment `name`, made if missing. Another process may make it
@@ -168,20 +189,6 @@ class MlflowTracker:
             if refused.error_code != "RESOURCE_ALREADY_EXISTS" or experiment is None:
                 raise
             return experiment.experiment_id
-
-    def _parent(self, experiment_name: str, folder: Path) -> tuple[str, str]:
-        """The experiment's id and the sweep's run: both made by the sweep's first job to
-        start, under a lock in the sweep folder (the joblib launcher starts its jobs together,
-        and a file store lets two processes make two experiments of one name); the run's id
-        kept there for the others."""
-        with open_in_place(folder / ".mlflow_parent.lock") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            experiment_id = self._experiment(experiment_name)
-            parent = _kept_id(folder, self.PARENT_FILE)
-            if parent is None:
-                parent = self.client.create_run(experiment_id, run_name=folder.name).info.run_id
-                write_text_atomic(folder / self.PARENT_FILE, parent + "\n")
-        return experiment_id, parent
 
     def _send(self, points: list[tuple[str, float, int]]) -> None:
         """(name, value, step) points, in one request."""
