@@ -24,16 +24,28 @@ from conftest import compose_config, tiny, train_in_process
 STEPS = 6  # 384 training images in batches of 64, one epoch
 
 
-class Said:
-    """repro.train's logger as the run calls it: each line kept, whatever logging's setup."""
+class Logged:
+    """repro.train's logger as the run and main call it, whatever logging's setup: each
+    call's level, line and whether a traceback goes."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.calls: list[tuple[str, str, bool]] = []
 
-    def info(self, message: str, *args: object) -> None:
-        self.lines.append(message % args)
+    @property
+    def lines(self) -> list[str]:
+        return [line for _, line, _ in self.calls]
 
-    error = info
+    def _keep(self, level: str, message: str, *args: object, exc_info: bool = False) -> None:
+        self.calls.append((level, message % args, exc_info))
+
+    def info(self, message: str, *args: object, **kwargs: bool) -> None:
+        self._keep("info", message, *args, **kwargs)
+
+    def warning(self, message: str, *args: object, **kwargs: bool) -> None:
+        self._keep("warning", message, *args, **kwargs)
+
+    def error(self, message: str, *args: object, **kwargs: bool) -> None:
+        self._keep("error", message, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +53,7 @@ def straight(tmp_path_factory):
     """One tiny run from start to end: its folder, summary, what it logged and how long the
     call took."""
     run_dir = tmp_path_factory.mktemp("straight")
-    said = Said()
+    said = Logged()
     started = time.perf_counter()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(train, "log", said)
@@ -190,7 +202,7 @@ def test_a_failed_jobs_error_is_noted_for_the_sweep_report_unless_the_disk_refus
         raise StorageError(path, OSError(errno.ENOSPC, "No space left on device"), doing="write")
 
     monkeypatch.setattr(train, "write_text_atomic", refuse)
-    said = Said()
+    said = Logged()
     monkeypatch.setattr(train, "log", said)
     train._note_failure(tmp_path / "full", KeyError("k"))
     (line,) = said.lines
@@ -210,25 +222,6 @@ def test_the_seed_is_the_checkpoints_when_resuming_else_the_configs_or_one_drawn
 
 
 # ---- main: what the command says and returns for each way a run ends -----------------------
-
-
-class Logged:
-    """repro.train's logger in main: each call's level, line and whether a traceback goes."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, bool]] = []
-
-    def _keep(self, level: str, message: str, *args: object, exc_info: bool = False) -> None:
-        self.calls.append((level, message % args, exc_info))
-
-    def info(self, message: str, *args: object, **kwargs: bool) -> None:
-        self._keep("info", message, *args, **kwargs)
-
-    def warning(self, message: str, *args: object, **kwargs: bool) -> None:
-        self._keep("warning", message, *args, **kwargs)
-
-    def error(self, message: str, *args: object, **kwargs: bool) -> None:
-        self._keep("error", message, *args, **kwargs)
 
 
 @pytest.fixture
