@@ -171,7 +171,9 @@ def test_the_network_is_whitening_three_groups_and_a_scaled_linear_head():
     names = " ".join(type(layer).__name__ for layer in group)
     assert names == "Conv2d MaxPool2d BatchNorm2d GELU Conv2d BatchNorm2d GELU"
     assert (group[0].in_channels, group[0].out_channels, group[4].in_channels) == (24, 8, 8)
-    assert group[2].momentum == 0.2 and model[4][0].out_channels == 12
+    norms = [layer for layer in model.modules() if isinstance(layer, torch.nn.BatchNorm2d)]
+    assert len(norms) == 6 and {layer.momentum for layer in norms} == {0.2}
+    assert model[4][0].out_channels == 12
     head = model[6]
     assert (head.in_features, head.out_features, head.bias) == (12, 4, None)
     assert model[7].factor == 0.5 and model.fit_images == 9
@@ -181,6 +183,13 @@ def test_the_network_is_whitening_three_groups_and_a_scaled_linear_head():
     reference = PatchWhitening()
     reference.fit(images)
     assert torch.equal(model[0].weight, reference.weight)
+
+
+def test_the_networks_defaults_are_airbenchs():
+    model = WhitenedCNN()
+    norms = [layer for layer in model.modules() if isinstance(layer, torch.nn.BatchNorm2d)]
+    assert {layer.momentum for layer in norms} == {0.4} and model[7].factor == 1 / 9
+    assert (model[6].in_features, model[6].out_features, model.fit_images) == (256, 10, 5000)
 
 
 @pytest.mark.parametrize("epochs", [True, -1, 2.5, "3"])
@@ -210,6 +219,10 @@ def test_the_whitening_bias_trains_for_its_first_epochs_then_freezes():
     bias.requires_grad_(True)
     freeze.at_start(resumed)
     assert not bias.requires_grad, "a resume past the epochs freezes it again"
+    assert WhitenBiasFreeze(model, 100).epochs == 3
+    at_once = WhitenBiasFreeze(model, 100, epochs=0)  # frozen from the first step
+    at_once.apply(0)
+    assert not bias.requires_grad
     never = WhitenBiasFreeze(model, 100, epochs=None)
     never.apply(50)
     assert bias.requires_grad
@@ -217,6 +230,10 @@ def test_the_whitening_bias_trains_for_its_first_epochs_then_freezes():
     assert freeze.state_dict() == {} and freeze.load_state_dict({}) is None
     with pytest.raises(ConfigError) as refused:
         freeze.at_start(SimpleNamespace(dist=SimpleNamespace(world=2), state=resumed.state))
-    assert str(refused.value).startswith("components.whiten_bias.epochs=2 is not allowed: null")
-    with pytest.raises(ValueError, match=r"no PatchWhitening layer \(model=whitened_cnn\)"):
+    assert str(refused.value) == (
+        "components.whiten_bias.epochs=2 is not allowed: null under torchrun (DDP cannot drop a "
+        "parameter mid-run)"
+    )
+    with pytest.raises(ValueError) as refused:
         WhitenBiasFreeze(torch.nn.Linear(2, 2), 10)
+    assert str(refused.value) == "the model has no PatchWhitening layer (model=whitened_cnn)"
