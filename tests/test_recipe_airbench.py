@@ -173,6 +173,7 @@ def test_a_resumed_run_past_the_epochs_freezes_the_bias_and_torchrun_is_refused(
         WhitenBiasFreeze(torch.nn.Linear(2, 2), 100)
 
 
+@pytest.mark.slow  # the freeze by position and a resume's at_start have unit tests above
 def test_the_recipe_freezes_the_whitening_bias_across_a_resume(tmp_path):
     # Lookahead off: it would still pull the frozen bias towards its slow copy, as airbench's.
     run = (*SMALL, "components.lookahead=null", "components.whiten_bias.epochs=1")

@@ -86,6 +86,7 @@ def test_an_inferred_class_count_is_recorded_but_stays_out_of_the_config(tree, t
     assert summary["data"]["classes"] == 3  # what the data implied
 
 
+@pytest.mark.slow  # older checkpoints; the halted-run resumes above stay in make test
 def test_a_checkpoint_that_stored_the_inferred_count_still_resumes(tree, tmp_path):
     """Checkpoints written before the fix hold data.num_classes=3 in their config."""
     from repro.runs import checkpoint
