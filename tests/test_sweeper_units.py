@@ -10,6 +10,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import optuna
@@ -55,8 +56,16 @@ class Launcher:
                 summary = None
             elif how == "pruned":
                 summary["pruned"] = True
+            elif how == "killed":  # SIGKILL: nothing written, no error line
+                job.status, job.return_value, summary = JobStatus.FAILED, None, None
+            elif how == "odd summary":
+                (folder / ERROR_FILE).write_text("ValueError: bad\n")
+                job.status, job.return_value, summary = JobStatus.FAILED, None, [1, 2]
             if summary is not None:
                 (folder / "summary.json").write_text(json.dumps(summary))
+            # Its evaluations: half the lr, then the lr (the best when maximising, the last).
+            lr = float(values[LR])
+            (folder / "metrics.csv").write_text(f"step,val_acc\n1,{lr / 2}\n2,{lr}\n")
             returns.append(job)
         return returns
 
@@ -187,10 +196,26 @@ def test_a_fixed_override_joins_every_job_and_a_grid_runs_each_point_once(tmp_pa
 @pytest.mark.parametrize(
     "settings, key, allowed",
     [
-        ({"objective": {"metrix": "val_acc"}}, "hydra.sweeper.objective", "metric and take"),
-        ({"study_name": ""}, "hydra.sweeper.study_name", "a name: the study continues"),
-        ({"storage": None}, "hydra.sweeper.storage", "a database URL"),
-        ({"direction": ["maximize", "minimize"]}, "hydra.sweeper.direction", "one of minimize"),
+        (
+            {"objective": {"metrix": "val_acc"}},
+            "hydra.sweeper.objective={'metrix': 'val_acc'}",
+            "metric and take",
+        ),
+        (
+            {"study_name": ""},
+            "hydra.sweeper.study_name=''",
+            "a name: the study continues under it when the command runs again",
+        ),
+        (
+            {"storage": 5},
+            "hydra.sweeper.storage=5",
+            "a database URL, such as sqlite:///${hydra.sweep.dir}/optuna.db",
+        ),
+        (
+            {"direction": ["maximize", "minimize"]},
+            "hydra.sweeper.direction=['maximize', 'minimize']",
+            "one of minimize, maximize: the sweeper optimises one objective",
+        ),
     ],
 )
 def test_each_setting_that_cannot_work_is_refused_in_one_line(
@@ -201,9 +226,9 @@ def test_each_setting_that_cannot_work_is_refused_in_one_line(
         sweeper.sweep([])
     assert stopped.value.code not in (0, None)
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"error: {key}=") and allowed in line
+    assert line == f"error: {key} is not allowed: {allowed}"
     assert sweeper.launcher.launched == []
-    with pytest.raises(ConfigError, match=key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
         sweeper._check(sweeper._get_directions())
 
 
@@ -223,3 +248,137 @@ def test_a_second_sweep_on_a_study_in_use_is_refused_naming_the_owner(tmp_path, 
         == f"error: {tmp_path}: another sweep works on this study (pid 12 on node7, since noon)"
     )
     assert sweeper.launcher.launched == [] and not (tmp_path / "optuna.db").exists()
+
+
+def test_the_best_evaluation_is_taken_in_the_studys_direction_reruns_included(tmp_path):
+    def stop_trial_0(number, values):
+        return "stopped" if number == 0 else "completed"
+
+    best = {"metric": "val_acc", "take": "best"}
+    first = make_sweeper(tmp_path, Launcher(tmp_path, stop_trial_0), objective=best)
+    first.sweep([])
+    second = make_sweeper(tmp_path, objective=best)
+    second.sweep([])  # trial 0 reruns first, then trials 2 and 3
+    assert [first_job for first_job, _ in second.launcher.launched] == [0, 2]
+    told = trials(tmp_path)
+    assert [state for state, _, _ in told] == ["COMPLETE"] * 4
+    assert all(value == params[LR] for _, value, params in told), "the larger, when maximising"
+    lowest = make_sweeper(tmp_path / "min", objective=best, direction="minimize")
+    lowest.sweep([])
+    assert all(value == params[LR] / 2 for _, value, params in trials(tmp_path / "min"))
+
+
+def test_a_stopped_job_leaves_the_others_of_its_batch_told(tmp_path, caplog):
+    def stop_trial_0(number, values):
+        return "stopped" if number == 0 else "completed"
+
+    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, stop_trial_0))
+    with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
+        sweeper.sweep([])
+    told = trials(tmp_path)
+    assert [state for state, _, _ in told] == ["RUNNING", "COMPLETE"]
+    assert f"trial 1: complete val_acc {told[1][1]:.4f}" in caplog.messages
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    ours = [r.getMessage() for r in caplog.records if r.name == "repro.search.sweeper"]
+    assert ours[0] == f"study lr in {url}: 0 of 4 trials"
+    best = f"best: trial 1, val_acc {told[1][1]:.4f} {told[1][2]}"
+    assert ours[-1] == f"study lr: 2 trials (1 complete, 0 pruned, 0 fail, 1 running); {best}"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
+        make_sweeper(tmp_path).sweep([])
+    said = "trials [0] were left running by a stopped sweep: they go on in their folders"
+    assert said in caplog.messages
+
+
+def test_a_job_killed_without_a_word_fails_and_an_odd_summary_is_none(tmp_path):
+    def outcome(number, values):
+        return {0: "killed", 1: "odd summary"}.get(number, "completed")
+
+    make_sweeper(tmp_path, Launcher(tmp_path, outcome), max_failure_rate=1.0).sweep([])
+    assert [state for state, _, _ in trials(tmp_path)] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+
+
+def test_failures_at_the_rate_allowed_go_on_without_an_error(tmp_path, caplog):
+    def fail_trial_0(number, values):
+        return "failed" if number == 0 else "completed"
+
+    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, fail_trial_0), max_failure_rate=0.5)
+    with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
+        sweeper.sweep([])
+    assert [state for state, _, _ in trials(tmp_path)] == ["FAIL"] + ["COMPLETE"] * 3
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_rerun_batch_that_stops_the_search_launches_nothing_after_it(tmp_path):
+    study = open_study(f"sqlite:///{tmp_path}/optuna.db", "lr", direction="maximize")
+    distribution = optuna.distributions.CategoricalDistribution([0.1, 0.2, 0.3, 0.4])
+    for _ in range(4):  # trials 0 to 3 drawn, then the sweep was killed
+        study.ask({LR: distribution})
+
+    def fail_trial_0(number, values):
+        return "failed" if number == 0 else "completed"
+
+    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, fail_trial_0), n_trials=6)
+    sweeper.sweep([])
+    assert [first for first, _ in sweeper.launcher.launched] == [0]
+    assert [state for state, _, _ in trials(tmp_path)] == ["FAIL", "COMPLETE"] + ["RUNNING"] * 2
+
+
+def test_each_trials_sampler_is_seeded_from_the_seed_and_its_number(tmp_path):
+    import numpy as np
+
+    sweeper = make_sweeper(tmp_path)
+    for number in (0, 5):
+        seed = int(np.random.SeedSequence([3, number]).generate_state(1)[0])
+        ours, theirs = sweeper._sampler_for(number), optuna.samplers.RandomSampler(seed=seed)
+        assert ours._rng.rand() == theirs._rng.rand()
+    make_sweeper(tmp_path / "all").sweep([])
+    assert len({params[LR] for _, _, params in trials(tmp_path / "all")}) > 1
+
+
+def test_a_value_given_on_the_command_line_is_not_searched(tmp_path):
+    sweeper = make_sweeper(tmp_path)
+    sweeper.sweep([f"{LR}=0.3"])
+    jobs = [job for _, launched in sweeper.launcher.launched for job in launched]
+    assert len(jobs) == 4 and all(job == [f"{LR}=0.3", REPORTER] for job in jobs)
+    assert all(params == {} for _, _, params in trials(tmp_path))
+
+
+def test_a_running_trials_recorded_value_is_checked_naming_the_study(tmp_path, capsys):
+    from optuna.trial import TrialState, create_trial
+
+    study = open_study(f"sqlite:///{tmp_path}/optuna.db", "lr", direction="maximize")
+    planted = "${oc.env:HOME}"
+    distribution = optuna.distributions.CategoricalDistribution([planted, 0.1])
+    study.add_trial(
+        create_trial(
+            state=TrialState.RUNNING, params={LR: planted}, distributions={LR: distribution}
+        )
+    )
+    sweeper = make_sweeper(tmp_path)
+    with pytest.raises(SystemExit):
+        sweeper.sweep(["seed=5"])
+    (line,) = capsys.readouterr().err.splitlines()
+    source = f"sqlite:///{tmp_path}/optuna.db (trial parameters)"
+    assert line.startswith(f"error: {source}: the recorded override 'optimizer.lr={planted}'")
+    assert sweeper.launcher.launched == []
+
+
+def test_a_summary_linked_from_outside_its_folder_is_refused(tmp_path, capsys):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps({"val_acc": 0.99}))
+
+    class Linking(Launcher):
+        def launch(self, job_overrides, initial_job_idx):
+            returns = super().launch(job_overrides, initial_job_idx)
+            for job in returns:
+                summary = Path(job.hydra_cfg.hydra.runtime.output_dir) / "summary.json"
+                summary.unlink()
+                summary.symlink_to(outside)
+            return returns
+
+    sweeper = make_sweeper(tmp_path / "sweep", Linking(tmp_path / "sweep"))
+    with pytest.raises(SystemExit):
+        sweeper.sweep([])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "summary.json" in line and "0.99" not in line
