@@ -13,9 +13,12 @@ import time
 import pytest
 import torch
 import yaml
+from omegaconf import OmegaConf
 
 from repro import build, train
+from repro.data import synthetic
 from repro.errors import StorageError, UserError
+from repro.runs import checkpoint
 from repro.runtime import determinism, distributed, environment
 from repro.sweeps import ERROR_FILE
 
@@ -48,17 +51,32 @@ class Logged:
         self._keep("error", message, *args, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
+@pytest.fixture
+def straight(tmp_path, monkeypatch):
     """One tiny run from start to end: its folder, summary, what it logged and how long the
-    call took."""
-    run_dir = tmp_path_factory.mktemp("straight")
-    said = Logged()
+    call took; and what the end handed the callbacks and the trackers. A fixture of each test
+    (not of the module): mutmut maps a mutant to the tests whose own calls reach it."""
+    from repro.callbacks import Callbacks
+    from repro.watch.loggers import MetricsLog
+
+    run_dir, said, ended = tmp_path / "straight", Logged(), {}
+    real_end, real_finish = Callbacks.at_end, MetricsLog.finish
+
+    def at_end(self, loop, summary):
+        ended["callbacks"] = (loop, dict(summary))
+        real_end(self, loop, summary)
+
+    def finish(self, summary):
+        ended["trackers"] = dict(summary)
+        real_finish(self, summary)
+
+    monkeypatch.setattr(train, "log", said)
+    monkeypatch.setattr(Callbacks, "at_end", at_end)
+    monkeypatch.setattr(MetricsLog, "finish", finish)
     started = time.perf_counter()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train, "log", said)
-        summary = train_in_process(run_dir, *tiny())
-    return run_dir, summary, said.lines, time.perf_counter() - started
+    summary = train_in_process(run_dir, *tiny())
+    monkeypatch.undo()
+    return run_dir, summary, said.lines, time.perf_counter() - started, ended
 
 
 def _attempts(run_dir) -> list[dict]:
@@ -66,7 +84,7 @@ def _attempts(run_dir) -> list[dict]:
 
 
 def test_the_summary_says_how_the_run_got_there(straight):
-    run_dir, summary, _, took = straight
+    run_dir, summary, _, took, ended = straight
     assert json.loads((run_dir / "summary.json").read_text()) == summary
     assert summary["step"] == summary["total_steps"] == STEPS
     assert summary["completed"] is True and summary["resumed_from_step"] is None
@@ -90,12 +108,22 @@ def test_the_summary_says_how_the_run_got_there(straight):
     splits = summary["data"]["splits"]
     assert [splits[name]["images"] for name in ("train", "val", "test")] == [384, 128, 128]
     assert len(summary["weights_sha256"]) == 64 and "test_acc" in summary
+    loop, told = ended["callbacks"]  # the end hands callbacks and trackers the summary
+    assert told == summary == ended["trackers"] and loop.state.position.step == STEPS
+    assert not (run_dir / "curves.png").exists(), "logger.plot=false"
 
 
 def test_the_run_records_its_config_its_attempt_and_what_it_trains(straight):
-    run_dir, summary, said, _ = straight
+    run_dir, summary, said, _, _ = straight
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     assert resolved["seed"]["value"] == 0 and resolved["trainer"]["monitor"] == "val_acc"
+    asked = OmegaConf.to_container(compose_config(*tiny()), resolve=True)
+    assert resolved == asked | {"trainer": asked["trainer"] | {"monitor": "val_acc"}}
+    kept = checkpoint.load(run_dir / "checkpoints" / "last.pt")
+    assert kept["config"] == resolved and kept["root_seed"] == 0 and kept["init_weights"] is None
+    assert kept["classes"] == list(synthetic.CLASSES)
+    assert kept["split_sizes"] == {"train": 384, "val": 128, "test": 128}
+    assert kept["split_digests"] == {}, "synthetic data: no files to digest"
     (attempt,) = _attempts(run_dir)
     assert (attempt["start_step"], attempt["end_step"]) == (0, STEPS)
     assert attempt["result"] == "completed" and attempt["env"] == summary["env"]
@@ -107,23 +135,42 @@ def test_the_run_records_its_config_its_attempt_and_what_it_trains(straight):
 
 
 def test_a_rerun_of_a_finished_run_has_nothing_to_do_and_writes_nothing(straight):
-    run_dir, summary, _, _ = straight
+    run_dir, summary, _, _, _ = straight
     before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
     again = train_in_process(run_dir, *tiny())
     assert again == {**summary, "already_complete": True}
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
 
 
-def test_a_halted_run_resumes_to_the_straight_runs_weights(straight, tmp_path):
-    halted = train_in_process(tmp_path, *tiny("trainer.halt_at_step=3"))
+def test_a_halted_run_resumes_to_the_straight_runs_weights(straight, tmp_path, monkeypatch):
+    run_dir = tmp_path / "halted"
+    halted = train_in_process(run_dir, *tiny("trainer.halt_at_step=3"))
     assert halted["step"] == 3 and halted["completed"] is False
-    assert _attempts(tmp_path)[-1]["result"] == "halted"
-    resumed = train_in_process(tmp_path, *tiny())
+    assert _attempts(run_dir)[-1]["result"] == "halted"
+    said = Logged()
+    monkeypatch.setattr(train, "log", said)
+    resumed = train_in_process(run_dir, *tiny())
     assert resumed["resumed_from_step"] == 3 and resumed["step"] == STEPS
     assert resumed["weights_sha256"] == straight[1]["weights_sha256"]
-    first, second = _attempts(tmp_path)
+    first, second = _attempts(run_dir)
     assert (first["end_step"], second["start_step"], second["end_step"]) == (3, 3, STEPS)
-    assert second["result"] == "completed"
+    assert second["result"] == "completed" and second["resumed_from"]
+    loaded = run_dir / "checkpoints" / "last.pt"
+    assert said.lines[0] == f"resumed from {loaded} at epoch 0, batch 3, step 3"
+
+
+def test_a_resume_settles_best_pt_to_the_best_its_checkpoint_records(tmp_path, monkeypatch):
+    evaluated = tiny("trainer.eval_every_steps=2")  # a best at step 2, before the halt
+    train_in_process(tmp_path, *evaluated, "trainer.halt_at_step=3")
+    best_step = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["best"]["step"]
+    settled, real_settle = [], checkpoint.Checkpointer.settle_best
+    monkeypatch.setattr(
+        checkpoint.Checkpointer,
+        "settle_best",
+        lambda self, step: settled.append(step) or real_settle(self, step),
+    )
+    train_in_process(tmp_path, *evaluated)
+    assert best_step == 2 and settled == [2]
 
 
 def test_a_failing_run_closes_its_attempt_with_the_error(tmp_path, monkeypatch):
@@ -178,7 +225,8 @@ def test_the_scores_line_and_the_swept_value_prefer_validation_to_test(summary, 
 def test_a_refusing_file_system_is_a_users_error_saying_the_run_resumes(tmp_path):
     full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.csv"))
     told = train._as_user_error(full, tmp_path)
-    assert isinstance(told, UserError) and str(tmp_path / "metrics.csv") in str(told)
+    assert isinstance(told, UserError)
+    assert str(told).startswith(f"cannot use {tmp_path / 'metrics.csv'}: ")
     assert "No space left on device" in str(told)
     assert str(told).endswith(
         "; the files written before are intact: free space (or fix the file system), then run "
@@ -365,9 +413,22 @@ def test_a_run_stopped_early_is_complete_at_its_own_last_step_and_one_cut_short_
     tmp_path, monkeypatch
 ):
     asked = []
-    monkeypatch.setattr(
-        train.history, "already_complete", lambda *args: asked.append(args[1:]) or True
-    )
+    monkeypatch.setattr(train.history, "already_complete", lambda *args: asked.append(args) or True)
     assert train._already_complete(tmp_path, {"position": {"step": 4}, "stopped_early": True}, 6)
     assert train._already_complete(tmp_path, {"position": {"step": 4}}, 6)
-    assert asked == [(4, 4), (4, 6)]
+    assert asked == [(tmp_path, 4, 4), (tmp_path, 4, 6)]
+
+
+def test_a_run_asked_to_plot_draws_its_curves(tmp_path):
+    train_in_process(tmp_path, *tiny("trainer.max_steps=2", "logger.plot=true"))
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_summary_linked_from_outside_the_folder_is_refused(tmp_path):
+    outside = tmp_path / "theirs.json"
+    outside.write_text('{"step": 99}')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").symlink_to(outside)
+    with pytest.raises(UserError, match=r"summary\.json"):
+        train.read_summary(run_dir)
