@@ -19,10 +19,10 @@ from repro import build, train
 from repro.data import synthetic
 from repro.errors import StorageError, UserError
 from repro.runs import checkpoint
-from repro.runtime import determinism, distributed, environment
+from repro.runtime import determinism, distributed, environment, seeding
 from repro.sweeps import ERROR_FILE
 
-from conftest import compose_config, tiny, train_in_process
+from conftest import IMAGEFOLDER, compose_config, make_image_tree, tiny, train_in_process
 
 STEPS = 6  # 384 training images in batches of 64, one epoch
 
@@ -432,3 +432,65 @@ def test_a_summary_linked_from_outside_the_folder_is_refused(tmp_path):
     (run_dir / "summary.json").symlink_to(outside)
     with pytest.raises(UserError, match=r"summary\.json"):
         train.read_summary(run_dir)
+
+
+def test_the_config_asked_for_is_never_written_to(tmp_path):
+    cfg = compose_config(*tiny("seed=random", "trainer.max_steps=2"))
+    asked = OmegaConf.to_yaml(cfg)
+    summary = train.train(cfg, tmp_path)
+    assert OmegaConf.to_yaml(cfg) == asked
+    recorded = yaml.safe_load((tmp_path / "resolved_config.yaml").read_text())
+    assert recorded["seed"]["value"] == summary["seed"] != cfg.seed.value
+
+
+def test_a_resume_keeps_the_seed_drawn_and_the_weights_it_started_from(tmp_path):
+    # A fine-tuned run with seed=random, halted and resumed after its start file is gone: the
+    # resume takes the checkpoint's seed and record of where the weights began, and loads none.
+    start = tmp_path / "start.pt"
+    model = build.model(compose_config(*tiny()), root_seed=5, num_classes=10)
+    torch.save(model.state_dict(), start)
+    run = tiny("seed=random", f"trainer.init_weights={start}")
+    halted = train_in_process(tmp_path / "run", *run, "trainer.halt_at_step=3")
+    start.unlink()
+    resumed = train_in_process(tmp_path / "run", *run)
+    assert resumed["seed"] == halted["seed"] and resumed["resumed_from_step"] == 3
+    assert resumed["init_weights"] == halted["init_weights"]
+    assert halted["init_weights"]["path"] == str(start)
+
+
+def test_the_global_generators_are_seeded_from_the_runs_seed(tmp_path):
+    train_in_process(tmp_path, *tiny("seed=3", "trainer.max_steps=1"))
+    assert torch.initial_seed() == seeding.stream_seed(3, "torch", rank=0)
+
+
+def test_an_attempt_failing_after_training_ends_at_the_step_it_reached(tmp_path, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("the test split is gone")
+
+    monkeypatch.setattr(train.final_test, "test_after_fit", broken)
+    with pytest.raises(RuntimeError, match="test split is gone"):
+        train_in_process(tmp_path, *tiny("trainer.max_steps=2"))
+    (attempt,) = _attempts(tmp_path)
+    assert attempt["end_step"] == 2 and attempt["result"] == "failed: the test split is gone"
+
+
+def test_the_data_root_reaches_the_fingerprint_and_a_resumes_data_check(tmp_path, monkeypatch):
+    roots, real = [], train.resume.check_same_data
+    monkeypatch.setattr(
+        train.resume, "check_same_data", lambda *args: roots.append(args[2]) or real(*args)
+    )
+    run = tiny("data.root=/data/shapes")  # synthetic data reads no files: a root changes nothing
+    train_in_process(tmp_path, *run, "trainer.halt_at_step=3")
+    resumed = train_in_process(tmp_path, *run)
+    assert roots == ["/data/shapes"] and resumed["resumed_from_step"] == 3
+
+
+def test_the_summarys_data_fingerprint_is_of_the_files_under_the_data_root(tmp_path):
+    from repro.data import fingerprint
+
+    tree = make_image_tree(tmp_path / "images", per_class=4, side=36)
+    run = [*IMAGEFOLDER, f"data.root={tree}", "trainer.max_steps=1", "trainer.test_weights=last"]
+    summary = train_in_process(tmp_path / "run", *run)
+    data = build.splits(compose_config(*run), summary["seed"])
+    assert summary["data"] == fingerprint.fingerprint(data, str(tree))
+    assert summary["data"] != fingerprint.fingerprint(data, None), "paths relative to the root"
