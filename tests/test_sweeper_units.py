@@ -217,6 +217,7 @@ def test_a_fixed_override_joins_every_job_and_a_grid_runs_each_point_once(tmp_pa
             "one of minimize, maximize: the sweeper optimises one objective",
         ),
     ],
+    ids=["objective", "study_name", "storage", "direction"],
 )
 def test_each_setting_that_cannot_work_is_refused_in_one_line(
     settings, key, allowed, tmp_path, capsys

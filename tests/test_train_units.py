@@ -146,6 +146,7 @@ def test_a_halted_run_resumes_to_the_straight_runs_weights(straight, tmp_path, m
     run_dir = tmp_path / "halted"
     halted = train_in_process(run_dir, *tiny("trainer.halt_at_step=3"))
     assert halted["step"] == 3 and halted["completed"] is False
+    assert halted["train_s"] > 0, "no evaluation yet: the position's own time"
     assert _attempts(run_dir)[-1]["result"] == "halted"
     said = Logged()
     monkeypatch.setattr(train, "log", said)
