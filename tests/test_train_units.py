@@ -158,6 +158,8 @@ def test_a_halted_run_resumes_to_the_straight_runs_weights(straight, tmp_path, m
     assert second["result"] == "completed" and second["resumed_from"]
     loaded = run_dir / "checkpoints" / "last.pt"
     assert said.lines[0] == f"resumed from {loaded} at epoch 0, batch 3, step 3"
+    kept = sorted(path.name for path in loaded.parent.glob("step-*.pt"))
+    assert kept == ["step-00000003.pt", "step-00000006.pt"], "keep_checkpoints=2"
 
 
 def test_a_resume_settles_best_pt_to_the_best_its_checkpoint_records(tmp_path, monkeypatch):
