@@ -70,6 +70,11 @@ class Launcher:
         return returns
 
 
+def only(number: int, how: str, others: str = "completed"):
+    """An outcome for Launcher: trial `number`'s job ends `how`, every other one `others`."""
+    return lambda trial, values: how if trial == number else others
+
+
 def error_lines(capsys) -> list[str]:
     """The lines of stderr that say an error: the log records a handler of the test runner's
     (mutmut's, say) may add to stderr are not the command's answer."""
@@ -138,10 +143,7 @@ def test_a_seeded_search_stopped_and_continued_asks_what_one_run_straight_asks(t
 
 
 def test_a_trial_stopped_by_a_signal_stays_running_and_goes_on_in_its_folder(tmp_path, caplog):
-    def stop_trial_1(number, values):
-        return "stopped" if number == 1 else "completed"
-
-    first = make_sweeper(tmp_path, Launcher(tmp_path, stop_trial_1))
+    first = make_sweeper(tmp_path, Launcher(tmp_path, only(1, "stopped")))
     with caplog.at_level(logging.WARNING, logger="repro.search.sweeper"):
         first.sweep([])
     assert [first_job for first_job, _ in first.launcher.launched] == [0]  # it stopped there
@@ -157,10 +159,7 @@ def test_a_trial_stopped_by_a_signal_stays_running_and_goes_on_in_its_folder(tmp
 
 
 def test_failures_past_the_rate_stop_the_search_and_a_prune_is_told(tmp_path, caplog):
-    def fail_trial_0(number, values):
-        return "failed" if number == 0 else "pruned"
-
-    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, fail_trial_0))
+    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "failed", others="pruned")))
     with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
         sweeper.sweep([])
     assert len(sweeper.launcher.launched) == 1
@@ -168,7 +167,9 @@ def test_failures_past_the_rate_stop_the_search_and_a_prune_is_told(tmp_path, ca
     assert "1 of 2 trials failed (max_failure_rate 0.0): the search stops" in caplog.messages
     assert "trial 0: fail " in caplog.messages and "trial 1: pruned " in caplog.messages
     tolerant = make_sweeper(
-        tmp_path / "tolerant", Launcher(tmp_path / "tolerant", fail_trial_0), max_failure_rate=0.5
+        tmp_path / "tolerant",
+        Launcher(tmp_path / "tolerant", only(0, "failed", others="pruned")),
+        max_failure_rate=0.5,
     )
     tolerant.sweep([])
     assert [state for state, _, _ in trials(tmp_path / "tolerant")] == ["FAIL"] + ["PRUNED"] * 3
@@ -258,11 +259,8 @@ def test_a_second_sweep_on_a_study_in_use_is_refused_naming_the_owner(tmp_path, 
 
 
 def test_the_best_evaluation_is_taken_in_the_studys_direction_reruns_included(tmp_path):
-    def stop_trial_0(number, values):
-        return "stopped" if number == 0 else "completed"
-
     best = {"metric": "val_acc", "take": "best"}
-    first = make_sweeper(tmp_path, Launcher(tmp_path, stop_trial_0), objective=best)
+    first = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "stopped")), objective=best)
     first.sweep([])
     second = make_sweeper(tmp_path, objective=best)
     second.sweep([])  # trial 0 reruns first, then trials 2 and 3
@@ -276,10 +274,7 @@ def test_the_best_evaluation_is_taken_in_the_studys_direction_reruns_included(tm
 
 
 def test_a_stopped_job_leaves_the_others_of_its_batch_told(tmp_path, caplog):
-    def stop_trial_0(number, values):
-        return "stopped" if number == 0 else "completed"
-
-    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, stop_trial_0))
+    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "stopped")))
     with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
         sweeper.sweep([])
     told = trials(tmp_path)
@@ -306,10 +301,7 @@ def test_a_job_killed_without_a_word_fails_and_an_odd_summary_is_none(tmp_path):
 
 
 def test_failures_at_the_rate_allowed_go_on_without_an_error(tmp_path, caplog):
-    def fail_trial_0(number, values):
-        return "failed" if number == 0 else "completed"
-
-    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, fail_trial_0), max_failure_rate=0.5)
+    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "failed")), max_failure_rate=0.5)
     with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
         sweeper.sweep([])
     assert [state for state, _, _ in trials(tmp_path)] == ["FAIL"] + ["COMPLETE"] * 3
@@ -322,10 +314,7 @@ def test_a_rerun_batch_that_stops_the_search_launches_nothing_after_it(tmp_path)
     for _ in range(4):  # trials 0 to 3 drawn, then the sweep was killed
         study.ask({LR: distribution})
 
-    def fail_trial_0(number, values):
-        return "failed" if number == 0 else "completed"
-
-    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, fail_trial_0), n_trials=6)
+    sweeper = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "failed")), n_trials=6)
     sweeper.sweep([])
     assert [first for first, _ in sweeper.launcher.launched] == [0]
     assert [state for state, _, _ in trials(tmp_path)] == ["FAIL", "COMPLETE"] + ["RUNNING"] * 2
