@@ -52,7 +52,7 @@ class Logged:
 
 
 @pytest.fixture
-def straight(tmp_path, monkeypatch):
+def straight(tmp_path):
     """One tiny run from start to end: its folder, summary, what it logged and how long the
     call took; and what the end handed the callbacks and the trackers. A fixture of each test
     (not of the module): mutmut maps a mutant to the tests whose own calls reach it."""
@@ -70,12 +70,12 @@ def straight(tmp_path, monkeypatch):
         ended["trackers"] = dict(summary)
         real_finish(self, summary)
 
-    monkeypatch.setattr(train, "log", said)
-    monkeypatch.setattr(Callbacks, "at_end", at_end)
-    monkeypatch.setattr(MetricsLog, "finish", finish)
     started = time.perf_counter()
-    summary = train_in_process(run_dir, *tiny())
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # its own: a test's patches stay the test's
+        patch.setattr(train, "log", said)
+        patch.setattr(Callbacks, "at_end", at_end)
+        patch.setattr(MetricsLog, "finish", finish)
+        summary = train_in_process(run_dir, *tiny())
     return run_dir, summary, said.lines, time.perf_counter() - started, ended
 
 
