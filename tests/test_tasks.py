@@ -199,7 +199,8 @@ def test_soft_labels_count_their_most_likely_class_as_right():
     outputs = result["predictions"].outputs()
     assert outputs.indices.tolist() == list(range(6))
     assert outputs.wrong().tolist() == [0]
-    assert torch.equal(outputs.logits, logits)
+    # Batches of 4 and 2 against one of 6: a CPU's matmul may round them apart in the last bit.
+    torch.testing.assert_close(outputs.logits, logits)
     assert result["predictions"].confusion(5).sum() == 6
 
 
