@@ -4,7 +4,9 @@ the refusals and the CSV the command writes."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from repro import predict
 from repro.data import synthetic
 from repro.errors import ConfigError, DataError
 from repro.runs import restore
+from repro.runs.trust import UntrustedConfigError
 
 from conftest import compose_config, tiny, write_checkpoint
 
@@ -208,3 +211,64 @@ def test_a_refused_argument_is_one_line_and_an_existing_out_is_kept(
     assert said in capsys.readouterr().err
     predict.main([f"ckpt={checkpoint}", f"images={images}", f"out={out}", "overwrite=true"])
     assert out.read_text().startswith("path,class,probability")
+
+
+def test_a_model_from_code_this_checkout_does_not_know_runs_only_when_trusted(
+    tmp_path, images, capsys, monkeypatch
+):
+    file = tmp_path / "last.pt"
+    small = [o for o in tiny() if not o.startswith("model.")]
+    colleague = compose_config(
+        *small, "model=torchvision", "model._target_=colleague_nets.tiny_net"
+    )
+    colleague = OmegaConf.to_container(colleague, resolve=True)
+    write_checkpoint(file, colleague, SEED)
+    with pytest.raises(UntrustedConfigError, match=r"colleague_nets\.tiny_net"):
+        predict.predict_files(file, images / "b.png")
+    assert len(predict.predict_files(file, images / "b.png", trust=True)) == 1
+    guarded = []
+
+    @contextlib.contextmanager
+    def offline(why):
+        guarded.append(why)
+        yield
+
+    monkeypatch.setattr(predict, "offline", offline)
+    out = tmp_path / "rows.csv"
+    with pytest.raises(SystemExit):
+        predict.main([f"ckpt={file}", f"images={images}", f"out={out}"])
+    assert "colleague_nets.tiny_net" in capsys.readouterr().err and not out.exists()
+    predict.main([f"ckpt={file}", f"images={images}", f"out={out}", "trust=true"])
+    assert len(out.read_text().splitlines()) == 1 + 5
+    assert guarded == [f"the config comes from ckpt={file}"] * 2
+
+
+def test_files_of_any_size_are_resized_to_the_runs_image_size(checkpoint, tmp_path):
+    rng = np.random.default_rng(2)
+    for name, shape in (("wide.png", (40, 48, 3)), ("square.png", (64, 64, 3))):
+        pixels = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / name)
+    rows = predict.predict_files(checkpoint, tmp_path)  # one batch: one size after the resize
+    assert [row["path"] for row in rows] == [
+        str(tmp_path / "square.png"),
+        str(tmp_path / "wide.png"),
+    ]
+
+
+def test_a_label_is_said_only_over_one_half():
+    row = predict._labels_row(Path("x.png"), torch.tensor([0.5, 0.75, 0.25]), ["a", "b", "c"])
+    assert row == {"path": "x.png", "labels": "b", "p_a": 0.5, "p_b": 0.75, "p_c": 0.25}
+
+
+def test_files_are_sized_as_the_runs_recorded_normalisation_says(tmp_path, images, monkeypatch):
+    file = tmp_path / "last.pt"
+    own = {"mean": [0.1, 0.2, 0.3], "std": [0.5] * 3, "image_size": 16, "interpolation": "bicubic"}
+    write_checkpoint(file, stored(), SEED, normalisation=own)  # a pretrained model's own
+    shapes, real = [], predict.predict
+    monkeypatch.setattr(
+        predict,
+        "predict",
+        lambda model, batch, tta: shapes.append(batch.shape) or real(model, batch, tta),
+    )
+    assert len(predict.predict_files(file, images)) == 5
+    assert shapes == [(5, 3, 16, 16)]
