@@ -13,7 +13,7 @@ help:
 	@echo "make train-ddp - the default run as 2 DistributedDataParallel processes (torchrun)"
 	@echo "make bench   - speed or exactness on this machine: ARGS='suite=knobs|overhead|startup|exactness [overrides]'"
 	@echo "make verify-previous - train a short config here and at the previous commit: identical?"
-	@echo "make lint    - ruff lint and format check"
+	@echo "make lint    - ruff lint and format check, and the layers of src/repro (import-linter)"
 	@echo "make mutants - mutmut over every module of src/ and its fast tests, against the recorded scores (ARGS='runs/integrity.py --record')"
 	@echo "make mutants-known - apply one known bug at a time and check that the slow tests catch each"
 
@@ -65,6 +65,7 @@ mutants-known: setup
 lint: setup
 	$(RUN) ruff check src tests scripts benchmarks
 	$(RUN) ruff format --check src tests scripts benchmarks
+	$(RUN) lint-imports --no-logo
 
 format: setup
 	$(RUN) ruff format src tests scripts benchmarks

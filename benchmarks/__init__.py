@@ -10,7 +10,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from repro.errors import ConfigError
+from repro.core.errors import ConfigError
 
 SUITES = ("knobs", "overhead", "startup", "exactness", "data", "peers")
 

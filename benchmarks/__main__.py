@@ -8,7 +8,7 @@ bench.json and bench.md into the run folder, outputs/bench/<date>/<time>-<id>/.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.runtime.launch import pin_hash_seed
+    from repro.core.runtime.launch import pin_hash_seed
 
     pin_hash_seed("benchmarks")
 
@@ -21,12 +21,12 @@ from omegaconf import DictConfig
 
 import benchmarks
 from benchmarks import common
-from repro import config, schema
-from repro.errors import UserError, exit_with
-from repro.runtime import determinism, launch, seeding
-from repro.runtime.devices import select_device
+from repro.core import config, schema
+from repro.core.errors import UserError, exit_with
+from repro.core.runtime import determinism, launch, seeding
+from repro.core.runtime.devices import select_device
 
-schema.register()
+config.register()
 
 
 def bench(cfg: DictConfig, run_dir: Path) -> dict:

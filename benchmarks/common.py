@@ -25,17 +25,17 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from repro.data.datasets import Splits
-from repro.data.loader import Batches
-from repro.data.samplers import EpochBatches
-from repro.engine import assembly
-from repro.engine.loop import Trainer
-from repro.files import write_json_atomic
-from repro.runs.checkpoint import Checkpointer
-from repro.runs.fingerprint_log import FingerprintLog
-from repro.runtime import distributed
-from repro.runtime.seeding import seed_globals
-from repro.watch.loggers import MetricsLog
+from repro.core.data.datasets import Splits
+from repro.core.data.loader import Batches
+from repro.core.data.samplers import EpochBatches
+from repro.core.engine import assembly
+from repro.core.engine.loop import Trainer
+from repro.core.files import write_json_atomic
+from repro.core.runs.checkpoint import Checkpointer
+from repro.core.runs.fingerprint_log import FingerprintLog
+from repro.core.runtime import distributed
+from repro.core.runtime.seeding import seed_globals
+from repro.core.watch.loggers import MetricsLog
 
 ENDLESS_EPOCHS = 10**9  # more than any benchmark reads
 

@@ -34,12 +34,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from benchmarks import common, folder_data, shard_data
 from benchmarks.common import Column, Result
-from repro import build
-from repro.data.loader import Batches, LoaderContext
-from repro.data.samplers import EpochBatches
-from repro.data.sources import in_memory
-from repro.runtime.devices import select_device, use_pinned_memory
-from repro.runtime.transfer import DeviceBatches
+from repro.core import build
+from repro.core.data.loader import Batches, LoaderContext
+from repro.core.data.samplers import EpochBatches
+from repro.core.data.sources import in_memory
+from repro.core.runtime.devices import select_device, use_pinned_memory
+from repro.core.runtime.transfer import DeviceBatches
 
 COLUMNS = [
     Column("loader", "loader"),

@@ -34,8 +34,8 @@ from omegaconf import DictConfig
 
 from benchmarks.common import Column, Result, train_overrides
 from benchmarks.runs import Run, Runner, sets
-from repro.errors import UserError
-from repro.runtime.devices import select_device
+from repro.core.errors import UserError
+from repro.core.runtime.devices import select_device
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from torchvision.transforms import v2
 
 from benchmarks import common
 from benchmarks.common import Column, Result
-from repro import build
-from repro.data.loader import Batches, LoaderContext
-from repro.runtime.devices import select_device
+from repro.core import build
+from repro.core.data.loader import Batches, LoaderContext
+from repro.core.runtime.devices import select_device
 
 COLUMNS = [
     Column("loader", "workers"),

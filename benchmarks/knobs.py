@@ -25,9 +25,9 @@ from omegaconf import DictConfig
 
 from benchmarks import common
 from benchmarks.common import Column, Result
-from repro import build
-from repro.errors import UserError
-from repro.runtime.devices import select_device
+from repro.core import build
+from repro.core.errors import UserError
+from repro.core.runtime.devices import select_device
 
 AXES = ("memory_format", "amp", "loader", "pin_memory", "cudnn_benchmark", "compile")
 PLAIN = {

@@ -28,11 +28,11 @@ from torch import nn
 
 from benchmarks import common
 from benchmarks.common import Column, Result
-from repro import build
-from repro.data.loader import Batches
-from repro.engine.loop import Trainer
-from repro.engine.position import Position, RunState
-from repro.watch.metrics import Throughput
+from repro.core import build
+from repro.core.data.loader import Batches
+from repro.core.engine.loop import Trainer
+from repro.core.runs.position import Position, RunState
+from repro.core.watch.metrics import Throughput
 
 ACCEPT = 0.97
 

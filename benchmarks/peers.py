@@ -40,7 +40,7 @@ from torchvision import datasets
 from torchvision.io import ImageReadMode, decode_image
 
 from benchmarks.common import Column, Result, train_overrides
-from repro.errors import ConfigError, UserError
+from repro.core.errors import ConfigError, UserError
 
 COLUMNS = [
     Column("part", "part"),

@@ -23,11 +23,11 @@ from omegaconf import DictConfig, open_dict
 from benchmarks import common
 from benchmarks.common import Column, Result
 from benchmarks.folder_data import images_per_s
-from repro import build
-from repro.data.datasets import Splits
-from repro.data.loader import LoaderContext
-from repro.errors import ConfigError
-from repro.runtime.devices import select_device
+from repro.core import build
+from repro.core.data.datasets import Splits
+from repro.core.data.loader import LoaderContext
+from repro.core.errors import ConfigError
+from repro.core.runtime.devices import select_device
 from repro.shards.dataset import NPY_MAGIC, decode_bytes
 
 COLUMNS = [
@@ -72,7 +72,7 @@ def folder_config(cfg: DictConfig, root: Path) -> DictConfig:
     with open_dict(cfg):
         for key in OWN:
             cfg.data.pop(key, None)
-        cfg.data._target_, cfg.data.root = "repro.data.datasets.imagefolder", str(root)
+        cfg.data._target_, cfg.data.root = "repro.core.data.datasets.imagefolder", str(root)
     return cfg
 
 

@@ -22,8 +22,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from benchmarks.common import Column, Result, train_overrides
-from repro.errors import UserError
-from repro.runs.fingerprint_log import FingerprintLog
+from repro.core.errors import UserError
+from repro.core.runs.fingerprint_log import FingerprintLog
 
 ACCEPT = 1.0
 IMPORTS = {

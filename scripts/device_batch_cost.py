@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from repro.data.batching import BatchMaker
-from repro.data.samplers import EpochBatches
-from repro.data.sources import TensorImages
-from repro.data.transforms import build
-from repro.watch.operators import DeviceOps
+from repro.core.data.batching import BatchMaker
+from repro.core.data.samplers import EpochBatches
+from repro.core.data.sources import TensorImages
+from repro.core.data.transforms import build
+from repro.core.watch.operators import DeviceOps
 
 IMAGES = 50_000
 PIPELINES = {

@@ -224,7 +224,8 @@ def table_problems(
 
 
 def dotted(module: str) -> str:
-    """`repro/runs/integrity.py` -> `repro.runs.integrity`, the prefix of its mutants' names."""
+    """`repro/core/runs/integrity.py` -> `repro.core.runs.integrity`, the prefix of its
+    mutants' names."""
     return module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 

@@ -47,7 +47,7 @@ WORD = re.compile(rf"\b{OLD}\b", re.IGNORECASE)  # not "reproducible": \b needs 
 # core imports none of it (tests/test_layout.py), and no other test needs it.
 CONF = f"src/{OLD}/conf"  # the config groups ship in the package; the top-level conf/ links here
 LEFT_OUT_BY_MINIMAL = (
-    f"src/{OLD}/recipes/", "benchmarks/", f"{CONF}/suite/", f"{CONF}/bench.yaml",
+    f"src/{OLD}/extras/recipes/", "benchmarks/", f"{CONF}/suite/", f"{CONF}/bench.yaml",
     f"{CONF}/model/whitened_cnn.yaml", f"{CONF}/model/resnet9.yaml",
     f"{CONF}/experiment/cifar10_airbench.yaml", f"{CONF}/experiment/cifar10_speedrun.yaml",
     f"{CONF}/components/lookahead.yaml",

@@ -39,7 +39,7 @@ class CountingObjective:
     saves and restores as a callback does."""
 
     def __init__(self) -> None:
-        from repro.objectives import CrossEntropy
+        from repro.core.tasks.objectives import CrossEntropy
 
         self.cross_entropy, self.calls = CrossEntropy(0.0), 0
 

@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 import repro.train  # registers the schema and resolvers
-from repro.runtime import determinism
-from repro.runtime.launch import expand_seed_shorthand
+from repro.core.runtime import determinism
+from repro.core.runtime.launch import expand_seed_shorthand
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -130,8 +130,8 @@ def write_checkpoint(path: Path, stored: dict, seed: int = 7, **extra: Any) -> d
     training: a fresh model of `seed` with its biases moved off their start. Returns its state."""
     from omegaconf import OmegaConf
 
-    from repro import build
-    from repro.runs.checkpoint import FORMAT, VERSION, atomic_save
+    from repro.core import build
+    from repro.core.runs.checkpoint import FORMAT, VERSION, atomic_save
 
     classes = len(extra.get("classes") or []) or None
     model = build.model(OmegaConf.create(stored), seed, num_classes=classes or 10)

@@ -12,8 +12,7 @@ import math
 from typing import Any
 
 import torch
-from repro.data.datasets import Splits, carve_validation
-from repro.data.sources import TensorImages
+from repro.api import Splits, TensorImages, carve_validation
 
 
 def crossings(cfg: Any, seed: int, *, noise: float = 0.1) -> Splits:
@@ -66,7 +65,7 @@ the gradient (the step itself held fixed), so the trainer's backward gives SAM's
 from __future__ import annotations
 
 import torch
-from repro.objectives import Batch, CrossEntropy, Targets
+from repro.api import Batch, CrossEntropy, Targets
 from torch.func import functional_call
 
 
@@ -95,7 +94,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro.files import write_json_atomic
+from repro.api import write_json_atomic
 
 
 class LabelLog:
@@ -146,7 +145,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from repro.data.datasets import Splits
+from repro.api import Splits
 
 from {name}.stripes import stripes
 
@@ -182,7 +181,7 @@ ADDED_OBJECTIVE = '''"""Cross-entropy scaled by whether this is an odd call."""
 from __future__ import annotations
 
 import torch
-from repro.objectives import CrossEntropy, Targets
+from repro.api import CrossEntropy, Targets
 
 
 class Alternating(CrossEntropy):

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from repro.data.datasets import Splits, synthetic
-from repro.data.sources import TensorImages
+from repro.core.data.datasets import Splits, synthetic
+from repro.core.data.sources import TensorImages
 
 
 def soft_synthetic(cfg: Any, seed: int) -> Splits:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.errors import BARE, ConfigError, UserError
-from repro.runs.fingerprint_log import Row
+from repro.core.errors import BARE, ConfigError, UserError
+from repro.core.runs.fingerprint_log import Row
 from repro.verify import against
 
 IDENTITY = ["-c", "user.name=test", "-c", "user.email=test@localhost"]

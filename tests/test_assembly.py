@@ -8,10 +8,10 @@ import hashlib
 import pytest
 import torch
 
-from repro import build
-from repro.engine import assembly
-from repro.runs.checkpoint import Checkpointer
-from repro.runtime.distributed import Context
+from repro.core import build
+from repro.core.engine import assembly
+from repro.core.runs.checkpoint import Checkpointer
+from repro.core.runtime.distributed import Context
 
 from conftest import compose_config, save_test_resnet, tiny
 
@@ -102,7 +102,7 @@ def test_the_trainer_gets_the_mixer_components_watchers_and_callbacks_asked_for(
         "augment.mixup_alpha=0.4",
         "+components=ema",
         "trainer.profile_steps=[1,2]",
-        "+callbacks.mine._target_=repro.watch.profiling.SyncDebug",
+        "+callbacks.mine._target_=repro.core.watch.profiling.SyncDebug",
     )
     checkpointer = Checkpointer(tmp_path / "checkpoints", 1)
     trainer = assembly.trainer(

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.errors import StorageError
-from repro.files import write_text_atomic
-from repro.runs import checkpoint
-from repro.runs.checkpoint import Checkpointer
+from repro.core.errors import StorageError
+from repro.core.files import write_text_atomic
+from repro.core.runs import checkpoint
+from repro.core.runs.checkpoint import Checkpointer
 
 from conftest import tiny, train_in_process
 

@@ -10,11 +10,11 @@ from omegaconf import OmegaConf
 from torchvision.transforms import v2
 
 import repro.train
-from repro import build
-from repro.data.transforms import TorchvisionSteps
-from repro.engine.mixing import BatchMixer
-from repro.errors import ConfigError
-from repro.runtime.seeding import SampleKeys
+from repro.core import build
+from repro.core.data.transforms import TorchvisionSteps
+from repro.core.engine.mixing import BatchMixer
+from repro.core.errors import ConfigError
+from repro.core.runtime.seeding import SampleKeys
 
 from conftest import compose_config, read_summary, run_cli, tiny, train_in_process
 
@@ -138,7 +138,7 @@ def test_cutmix_pastes_a_box_of_the_weights_area_around_its_centre_clipped_to_th
     """A 6x10 image (not square), the centre drawn where given: the box is round(side *
     sqrt(1 - weight)) on each side, centred there, cut at the edges; the weight returned is
     the share of the image left its own."""
-    from repro.engine.mixing import _paste_box
+    from repro.core.engine.mixing import _paste_box
 
     class Draws:  # the two integers _paste_box draws: the centre's row, then its column
         def __init__(self) -> None:
@@ -203,7 +203,7 @@ def test_randaugment_with_cutmix_is_the_same_for_any_workers_and_after_a_kill(tm
 def test_the_loop_mixes_batches_only_when_augment_asks_and_the_data_is_augmented():
     from omegaconf import open_dict
 
-    from repro.engine import assembly
+    from repro.core.engine import assembly
 
     cfg = compose_config(*tiny("augment.mixup_alpha=0.2", "augment.cutmix_alpha=1.0"))
     mixer = assembly._mixer(cfg, 7, 3)

@@ -1,4 +1,4 @@
-"""Whole batches of an in-memory split (repro.data.batching): the per-sample bytes and targets,
+"""Whole batches of an in-memory split (repro.core.data.batching): the per-sample bytes and targets,
 whichever kind of maker the pipeline gets, for targets of any shape."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.data import transforms
-from repro.data.batching import BatchMaker, CropFlipTable, Gathered, over
-from repro.data.sources import ImageFiles, TensorImages
-from repro.runtime import seeding
-from repro.runtime.seeding import SampleKeys
+from repro.core.data import transforms
+from repro.core.data.batching import BatchMaker, CropFlipTable, Gathered, over
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.runtime import seeding
+from repro.core.runtime.seeding import SampleKeys
 
 STREAM = seeding.stream_seed(5, "augment")
 INDICES = [4, 0, 9, 9, 2]

@@ -16,8 +16,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from repro import config
-from repro.errors import ConfigError
+from repro.core import config
+from repro.core.errors import ConfigError
 
 from conftest import CONF, ROOT, compose_config, make_image_tree, run_cli, tiny
 
@@ -205,7 +205,7 @@ def test_exactness_suite_passes_on_this_machine(tmp_path):
 
 NOISY_MODEL = """
 import secrets, torch
-from repro.models.small_cnn import SmallCNN
+from repro.extras.models.small_cnn import SmallCNN
 
 class Noisy(SmallCNN):
     def __init__(self, **kwargs):
@@ -352,7 +352,7 @@ def test_timms_rate_is_its_epoch_average_after_the_first_epoch():
 
 
 def test_data_suite_on_pixel_shards_measures_them_against_the_folder_they_hold(bench, tmp_path):
-    from repro.data.sources import decode_file
+    from repro.core.data.sources import decode_file
     from repro.shards.pack import pack
 
     tree = make_image_tree(tmp_path / "images", side=32)

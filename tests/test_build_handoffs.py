@@ -1,4 +1,4 @@
-"""What repro.build hands on, in-process and without training: the model's seed stream and the
+"""What repro.core.build hands on, in-process and without training: the model's seed stream and the
 class count it leaves to the data, the objective as the loop calls it, the optimizer's resolved
 settings, the transforms an older or partial augment config makes, the images a model is fitted
 on, what the loaders pass to the pipelines, the workers and the transfer, and the depths a
@@ -14,12 +14,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 from torch import nn
 
-from repro import build
-from repro.data.loader import LoaderContext
-from repro.objectives import Checked
-from repro.runtime.memory_format import FORMATS
-from repro.runtime.precision import Precision
-from repro.runtime.seeding import seeded
+from repro.core import build
+from repro.core.data.loader import LoaderContext
+from repro.core.runtime.memory_format import FORMATS
+from repro.core.runtime.precision import Precision
+from repro.core.runtime.seeding import seeded
+from repro.core.tasks.objectives import Checked
 
 from conftest import compose_config, tiny
 
@@ -47,7 +47,7 @@ def test_a_model_is_built_in_the_model_stream_and_given_classes_only_where_it_ha
 def test_the_objective_is_the_configs_checked_under_its_target():
     cfg = compose_config(*tiny("objective.label_smoothing=0.25"))
     built = build.objective(cfg)
-    assert isinstance(built, Checked) and built.target == "repro.objectives.CrossEntropy"
+    assert isinstance(built, Checked) and built.target == "repro.core.tasks.objectives.CrossEntropy"
     assert type(built.objective).__name__ == "CrossEntropy"
     assert built.objective.label_smoothing == 0.25
 

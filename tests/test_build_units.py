@@ -1,4 +1,4 @@
-"""What repro.build makes, in-process and without training: normalisation and pipelines,
+"""What repro.core.build makes, in-process and without training: normalisation and pipelines,
 the optimizer's parameter groups, where a head is and how deep each parameter lies, and each
 builder's one-line refusals."""
 
@@ -11,10 +11,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from repro import build
-from repro.data import transforms
-from repro.errors import ConfigError
-from repro.runtime.precision import Precision
+from repro.core import build
+from repro.core.data import transforms
+from repro.core.errors import ConfigError
+from repro.core.runtime.precision import Precision
 
 from conftest import compose_config, tiny
 
@@ -386,7 +386,7 @@ def test_an_optimizer_that_cannot_be_built_is_one_line():
 
 
 def test_one_process_runs_the_model_itself_and_sync_batchnorm_needs_a_gpu():
-    from repro.runtime.distributed import Context
+    from repro.core.runtime.distributed import Context
 
     model = Net()
     assert build.data_parallel(model, True, Context(), torch.device("cpu")) is model
@@ -424,7 +424,7 @@ def test_a_model_with_parameters_of_its_own_fine_tunes_by_depth():
 
 
 def loader_parts(*overrides: str, **context):
-    from repro.data.loader import LoaderContext
+    from repro.core.data.loader import LoaderContext
 
     cfg = compose_config(*tiny(*overrides))
     return cfg, build.splits(cfg, 0), LoaderContext(root_seed=0, **context)
@@ -455,7 +455,7 @@ def test_a_batch_larger_than_the_training_split_or_workers_under_the_sanitizer_a
     monkeypatch.setenv("TORCH_CUDA_SANITIZER", "1")
     cfg, data, _ = loader_parts("dataloader.num_workers=2")
     build.loaders(cfg, data, context)  # a CPU run: nothing of CUDA's to check
-    from repro.data.loader import LoaderContext
+    from repro.core.data.loader import LoaderContext
 
     on_gpu = LoaderContext(root_seed=0, device=torch.device("cuda"))
     with pytest.raises(ConfigError) as refused:
@@ -478,7 +478,7 @@ def test_a_batch_larger_than_the_training_split_or_workers_under_the_sanitizer_a
 
 
 def test_dataloader_device_makes_the_batches_on_the_device():
-    from repro.data import device_loader
+    from repro.core.data import device_loader
 
     cfg, data, context = loader_parts("dataloader=device")
     _, sampler, val = build.loaders(cfg, data, context)
@@ -492,7 +492,7 @@ def test_dataloader_device_makes_the_batches_on_the_device():
 
 
 def test_under_torchrun_the_model_runs_through_ddp_with_its_gpu_named(monkeypatch):
-    from repro.runtime.distributed import Context
+    from repro.core.runtime.distributed import Context
 
     wrapped, converted = [], []
     monkeypatch.setattr(
@@ -512,7 +512,7 @@ def test_under_torchrun_the_model_runs_through_ddp_with_its_gpu_named(monkeypatc
 
 
 def test_a_model_fit_to_its_data_gets_training_images_drawn_by_the_seed_normalised():
-    from repro.runtime.seeding import torch_generator
+    from repro.core.runtime.seeding import torch_generator
 
     seen = []
 
@@ -550,10 +550,10 @@ def test_fp16_on_a_gpu_runs_the_optimizer_fused_where_it_can_and_says_so(caplog)
 
     gpu_fp16 = SimpleNamespace(mode="fp16", device=torch.device("cuda"))
     model = nn.Linear(2, 2)
-    with caplog.at_level(logging.INFO, logger="repro.build"):
+    with caplog.at_level(logging.INFO, logger="repro.core.build"):
         fused = build.optimizer(compose_config(*tiny()), model, gpu_fp16)
     assert fused.defaults["fused"] is True and fused.defaults["foreach"] is None
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.build"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.core.build"]
     assert said == ["amp=fp16: SGD runs fused (optimizer.fused=false to turn off)"]
     caplog.clear()
     own = compose_config(*tiny("+optimizer.fused=false"))
@@ -562,9 +562,9 @@ def test_fp16_on_a_gpu_runs_the_optimizer_fused_where_it_can_and_says_so(caplog)
     assert not cpu.defaults.get("fused")
     rprop = compose_config(*tiny())
     rprop.optimizer = {"_target_": "torch.optim.Rprop", "lr": 0.01}
-    with caplog.at_level(logging.INFO, logger="repro.build"):
+    with caplog.at_level(logging.INFO, logger="repro.core.build"):
         build.optimizer(rprop, model, gpu_fp16)
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.build"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.core.build"]
     assert said == [
         "amp=fp16 with Rprop (no fused form): GradScaler reads its inf flag on the host every "
         "step, a wait for the GPU"

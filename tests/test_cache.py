@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro import build
-from repro.data.loader import EvalView, TrainView, sample_then_batch
-from repro.data.sources import ImageFiles, TensorImages
-from repro.data.transforms import Compose, ResizeShorter
-from repro.errors import ConfigError, DataError
+from repro.core import build
+from repro.core.data.loader import EvalView, TrainView, sample_then_batch
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.data.transforms import Compose, ResizeShorter
+from repro.core.errors import ConfigError, DataError
 
 from conftest import SHAPES, compose_config, make_image_tree, train_in_process
 

@@ -1,4 +1,4 @@
-"""`data.cache=memory` in-process (repro.data.cache): what a decoded split holds, what it
+"""`data.cache=memory` in-process (repro.core.data.cache): what a decoded split holds, what it
 refuses, and how the decoding is shared out; on images made in memory, no files."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 from rich.progress import Progress
 
-from repro.data import cache
-from repro.data.transforms import CenterCrop, ResizeShorter
-from repro.data.workers import start_worker
-from repro.errors import ConfigError
+from repro.core.data import cache
+from repro.core.data.transforms import CenterCrop, ResizeShorter
+from repro.core.data.workers import start_worker
+from repro.core.errors import ConfigError
 
 
 class Decoded:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from repro.engine.cadence import Cadence
-from repro.engine.position import Position
+from repro.core.engine.cadence import Cadence
+from repro.core.runs.position import Position
 
 
 def test_evaluations_and_checkpoints_come_at_their_cadence_and_at_the_end():
@@ -26,7 +26,7 @@ def test_evaluations_and_checkpoints_come_at_their_cadence_and_at_the_end():
 def test_the_loop_reads_each_setting_from_the_config_once_as_a_plain_value():
     from omegaconf import OmegaConf
 
-    from repro.engine.settings import LoopSettings
+    from repro.core.engine.settings import LoopSettings
 
     trainer = {"grad_clip": 0.5, "eval_every_epochs": "3", "eval_every_steps": 4,
                "checkpoint_every_steps": 6, "halt_at_step": 9, "save_checkpoints": 0,
@@ -46,10 +46,10 @@ def test_the_loop_reads_each_setting_from_the_config_once_as_a_plain_value():
 def test_what_a_resume_must_find_unchanged_is_the_device_amp_and_layout_in_words():
     import torch
 
-    from repro.engine.settings import Knobs
-    from repro.runtime.distributed import Context
-    from repro.runtime.memory_format import MemoryFormat
-    from repro.runtime.precision import Precision
+    from repro.core.engine.settings import Knobs
+    from repro.core.runtime.distributed import Context
+    from repro.core.runtime.memory_format import MemoryFormat
+    from repro.core.runtime.precision import Precision
 
     cpu = torch.device("cpu")
     knobs = Knobs(Context(), cpu, Precision("bf16", cpu), MemoryFormat("channels_last"))
@@ -74,7 +74,7 @@ def test_a_positions_state_is_a_copy_the_loop_can_go_on_changing():
 
 
 def test_the_best_value_improves_strictly_in_its_direction_and_nan_never_counts():
-    from repro.engine.position import Best
+    from repro.core.runs.position import Best
 
     nan = float("nan")
     for mode, values, bests in [
@@ -89,7 +89,7 @@ def test_the_best_value_improves_strictly_in_its_direction_and_nan_never_counts(
 
 
 def test_patience_is_spent_after_that_many_evaluations_without_a_better_value():
-    from repro.engine.position import Best
+    from repro.core.runs.position import Best
 
     best = Best()
     best.record(0.5, 1, "max")

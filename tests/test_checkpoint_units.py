@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from repro.errors import CheckpointError, StorageError
-from repro.runs import checkpoint, faults, integrity
-from repro.runs.checkpoint import Checkpointer, DamagedCheckpointError
+from repro.core.errors import CheckpointError, StorageError
+from repro.core.runs import checkpoint, faults, integrity
+from repro.core.runs.checkpoint import Checkpointer, DamagedCheckpointError
 
 from conftest import Exploit, save_as_from_a_gpu
 
@@ -595,7 +595,7 @@ def test_a_resume_passes_damaged_checkpoints_and_names_them_but_stops_at_a_forei
     path, state = saver.latest_good(skipped)
     assert path == tmp_path / "step-00000002.pt" and state["position"]["step"] == 2
     assert skipped == [f"{tmp_path / 'last.pt'}: unreadable or truncated (RuntimeError)"]
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.runs.checkpoint"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.core.runs.checkpoint"]
     assert said == [f"skipping checkpoint: {skipped[0]}"]
     assert saver.latest_good()[0] == path  # no list to name them in: skipped all the same
     torch.save({"weights": 1}, tmp_path / "step-00000003.pt")  # someone else's file

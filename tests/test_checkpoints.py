@@ -11,9 +11,9 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from repro import evaluate
-from repro.errors import CheckpointError
-from repro.runs import checkpoint, resume
-from repro.runs.checkpoint import Checkpointer, DamagedCheckpointError
+from repro.core.errors import CheckpointError
+from repro.core.runs import checkpoint, resume
+from repro.core.runs.checkpoint import Checkpointer, DamagedCheckpointError
 
 from conftest import Exploit, compose_config, read_summary, run_cli, tiny, train_in_process
 
@@ -229,7 +229,7 @@ def test_a_run_that_ends_inside_an_epoch_ends_with_its_checkpoint(tmp_path):
 
 
 def test_the_weights_hash_reads_every_tensor_the_same_through_one_flat_copy():
-    from repro.watch.metrics import host_bytes
+    from repro.core.watch.metrics import host_bytes
 
     tensors = [torch.randn(3, 4), torch.tensor(7), torch.ones(2, 2, dtype=torch.bfloat16).t(),
                torch.tensor([True, False])]  # fmt: skip
@@ -251,7 +251,7 @@ def best_run(tmp_path_factory):
 def trainer_with(run_dir, best_step, rank=0):
     from types import SimpleNamespace
 
-    from repro.runtime.distributed import Context
+    from repro.core.runtime.distributed import Context
 
     model = torch.nn.Linear(1, 1)
     return SimpleNamespace(
@@ -263,13 +263,13 @@ def trainer_with(run_dir, best_step, rank=0):
 
 
 def build_model():
-    from repro import build
+    from repro.core import build
 
     return build.model(compose_config(*tiny()), 7)
 
 
 def test_the_test_uses_best_pt_of_this_runs_best_step_as_a_copy(best_run):
-    from repro.runs.final_test import _weights
+    from repro.core.engine.final_test import _weights
 
     run_dir, best_step = best_run
     trainer = trainer_with(run_dir, best_step)
@@ -286,13 +286,13 @@ def test_the_test_uses_best_pt_of_this_runs_best_step_as_a_copy(best_run):
 def test_without_this_runs_best_pt_the_last_weights_are_tested_and_it_says_why(
     best_run, recorded, caplog
 ):
-    from repro.runs.final_test import _weights
+    from repro.core.engine.final_test import _weights
 
     run_dir, best_step = best_run
     step = best_step + 1 if recorded else None
     trainer = trainer_with(run_dir, step)
     assert _weights("best", trainer) == ("last", trainer.model)
-    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.core.engine.final_test"]
     assert said == (
         f"no {run_dir / 'checkpoints' / 'best.pt'} of the best step ({step}) in this run folder "
         "(checkpoints off, or resumed from another folder's checkpoint): testing the last weights"
@@ -300,7 +300,7 @@ def test_without_this_runs_best_pt_the_last_weights_are_tested_and_it_says_why(
 
 
 def test_every_rank_tests_the_weights_rank_0_chose(best_run, monkeypatch):
-    from repro.runs import final_test
+    from repro.core.engine import final_test
 
     run_dir, best_step = best_run
     asked = []

@@ -9,9 +9,9 @@ import signal
 import pytest
 import torch
 
-from repro.components.ema import WeightAverage
-from repro.errors import ConfigError
-from repro.runs import resume
+from repro.core.errors import ConfigError
+from repro.core.runs import resume
+from repro.extras.components.ema import WeightAverage
 
 from conftest import read_summary, run_cli, tiny, train_in_process
 

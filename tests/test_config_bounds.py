@@ -1,5 +1,5 @@
 """Every bounded config value is checked at both sides of each of its bounds. The cases come
-from the tables in repro.config, so a key added there is tested without a new line here."""
+from the tables in repro.core.config, so a key added there is tested without a new line here."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import ValidationError
 
-from repro import config
-from repro.errors import ConfigError
+from repro.core import config
+from repro.core.errors import ConfigError
 
 from conftest import compose_config
 

@@ -8,7 +8,7 @@ from dataclasses import fields
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from repro import schema
+from repro.core import config, schema
 
 from conftest import CONF, compose_config
 
@@ -86,8 +86,8 @@ def test_registering_stores_both_schemas_at_the_top_and_the_run_folders_resolver
     monkeypatch.setattr(store, "repo", {})  # as before any entry point registered them
     for resolver in ("record_subdir", "run_id", "run_stamp"):
         OmegaConf.clear_resolver(resolver)
-    schema.register()
-    schema.register()  # safe twice
+    config.register()
+    config.register()  # safe twice
     assert store.list("schema") == ["bench.yaml", "train.yaml"]
     train, bench = store.load("schema/train.yaml"), store.load("schema/bench.yaml")
     assert train.package == bench.package == "_global_"

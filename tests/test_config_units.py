@@ -9,8 +9,8 @@ import functools
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from repro import config
-from repro.errors import ConfigError
+from repro.core import config, schema
+from repro.core.errors import ConfigError
 
 from conftest import compose_config
 
@@ -80,8 +80,8 @@ def test_what_is_said_of_an_unknown_key_without_any_known_one():
 
 def test_a_nested_dict_flattens_to_dotted_keys():
     nested = {"trainer": {"epochs": 6, "opt": {"lr": 0.1}}, "seed": 3, "empty": {}}
-    assert config.flatten(nested) == {"trainer.epochs": 6, "trainer.opt.lr": 0.1, "seed": 3}
-    assert config.flatten({"a": 1}, "x.") == {"x.a": 1}
+    assert schema.flatten(nested) == {"trainer.epochs": 6, "trainer.opt.lr": 0.1, "seed": 3}
+    assert schema.flatten({"a": 1}, "x.") == {"x.a": 1}
 
 
 def test_preset_exact_refuses_an_override_that_voids_it_naming_every_one():
@@ -143,7 +143,7 @@ def test_a_plugged_in_entry_must_name_its_class(group):
 
 def test_an_objectives_key_must_be_an_argument_of_its_class():
     assert refused(objective__gama=3) == (
-        "objective.gama=3 is not allowed: not an argument of repro.objectives.CrossEntropy, "
+        "objective.gama=3 is not allowed: not an argument of repro.core.tasks.objectives.CrossEntropy, "
         "which takes label_smoothing"
     )
     assert refusal(objective___partial_=True) is None  # Hydra's own keys

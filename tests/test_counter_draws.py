@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.nn import functional
 
-from repro.data import transforms
-from repro.data.batching import over
-from repro.data.loader import TrainView
-from repro.data.sources import TensorImages
-from repro.runtime import seeding
-from repro.runtime.seeding import SampleKeys
+from repro.core.data import transforms
+from repro.core.data.batching import over
+from repro.core.data.loader import TrainView
+from repro.core.data.sources import TensorImages
+from repro.core.runtime import seeding
+from repro.core.runtime.seeding import SampleKeys
 
 STREAM = seeding.stream_seed(3, "augment")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from repro.errors import ConfigError, DataError
-from repro.multilabel.csv_files import csv_labels, read_listing
+from repro.core.errors import ConfigError, DataError
+from repro.extras.multilabel.csv_files import csv_labels, read_listing
 
 from conftest import compose_config
 

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro import build
-from repro.data.loader import LoaderContext
-from repro.errors import CheckpointError, ConfigError
-from repro.runs import checkpoint
-from repro.runtime import compilation, determinism, distributed, seeding
-from repro.runtime.precision import Precision
+from repro.core import build
+from repro.core.data.loader import LoaderContext
+from repro.core.errors import CheckpointError, ConfigError
+from repro.core.runs import checkpoint
+from repro.core.runtime import compilation, determinism, distributed, seeding
+from repro.core.runtime.precision import Precision
 
 from conftest import compose_config, read_summary, tiny, train_in_process
 
@@ -209,7 +209,7 @@ def test_explicit_bf16_on_a_gpu_without_native_bf16_says_it_is_emulated(
         torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
     )
     gpu = torch.device("cuda", 0)
-    with caplog.at_level(logging.WARNING, logger="repro.runtime.precision"):
+    with caplog.at_level(logging.WARNING, logger="repro.core.runtime.precision"):
         emulated = Precision("bf16", gpu)
     assert emulated.emulated and "runs emulated" in caplog.text and "Fake GPU" in caplog.text
     assert Precision("auto", gpu).mode == "off", "auto never picks emulated bf16"
@@ -266,7 +266,7 @@ def test_the_cuda_sanitizer_with_loader_workers_is_refused_in_one_line(monkeypat
 
 def test_sync_debug_warns_from_the_second_step_and_is_off_after_the_run(tmp_path, monkeypatch):
     """A GPU run with trainer.sync_debug=true (the device faked: only the mode calls matter)."""
-    from repro.engine.loop import Trainer
+    from repro.core.engine.loop import Trainer
 
     steps, modes = [], []
     train_step = Trainer.train_step

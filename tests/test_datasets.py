@@ -1,4 +1,4 @@
-"""The `data` group's builders and their settings (repro.data.datasets), in-process on tiny
+"""The `data` group's builders and their settings (repro.core.data.datasets), in-process on tiny
 sources: the held-out split, the template's builders' refusals, fractions, the decoded
 cache's hand-over, and an option's own settings held against its builder's signature."""
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from repro.data import datasets, synthetic
-from repro.data.datasets import Splits
-from repro.data.sources import ImageFiles, TensorImages
-from repro.errors import ConfigError, DataError
-from repro.runtime.seeding import torch_generator
+from repro.core.data import datasets, synthetic
+from repro.core.data.datasets import Splits
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.errors import ConfigError, DataError
+from repro.core.runtime.seeding import torch_generator
 
 
 def held(count: int, first: int = 0) -> TensorImages:
@@ -206,7 +206,7 @@ def test_a_builder_must_return_splits():
         datasets.build_splits(data_cfg("not_splits"), 0)
     assert str(refused.value) == (
         f"data._target_='{__name__}.not_splits' is not allowed: returned list; use a builder "
-        "that returns repro.data.datasets.Splits"
+        "that returns repro.core.data.datasets.Splits"
     )
 
 

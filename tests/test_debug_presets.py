@@ -6,8 +6,8 @@ import csv
 
 import pytest
 
-from repro import build, config
-from repro.errors import ConfigError
+from repro.core import build, config
+from repro.core.errors import ConfigError
 
 from conftest import compose_config, make_image_tree, tiny, train_in_process
 

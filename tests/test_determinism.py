@@ -1,4 +1,4 @@
-"""The `cudnn` knob in-process (repro.runtime.determinism): each of torch's flags follows its own
+"""The `cudnn` knob in-process (repro.core.runtime.determinism): each of torch's flags follows its own
 key, and cuBLAS's workspace is set, kept or refused as the process can still give it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro.errors import ConfigError
-from repro.runtime import determinism
+from repro.core.errors import ConfigError
+from repro.core.runtime import determinism
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 VARIABLE = determinism.CUBLAS_VARIABLE

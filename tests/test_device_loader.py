@@ -12,18 +12,18 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from repro import build
-from repro.data.batching import BatchMaker
-from repro.data.device_loader import DeviceEvalLoader, DeviceTrainLoader
-from repro.data.loader import Batches, EvalView, LoaderContext, TrainView
-from repro.data.samplers import EpochBatches
-from repro.data.slots import Batch
-from repro.data.sources import ImageFiles, TensorImages
-from repro.data.transforms import build as pipeline
-from repro.errors import ConfigError
-from repro.runtime.seeding import stream_seed
-from repro.runtime.transfer import DeviceBatches
-from repro.watch.operators import DeviceOps
+from repro.core import build
+from repro.core.data.batching import BatchMaker
+from repro.core.data.device_loader import DeviceEvalLoader, DeviceTrainLoader
+from repro.core.data.loader import Batches, EvalView, LoaderContext, TrainView
+from repro.core.data.samplers import EpochBatches
+from repro.core.data.slots import Batch
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.data.transforms import build as pipeline
+from repro.core.errors import ConfigError
+from repro.core.runtime.seeding import stream_seed
+from repro.core.runtime.transfer import DeviceBatches
+from repro.core.watch.operators import DeviceOps
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -220,7 +220,7 @@ def test_cpu_normalisation_gives_one_ops_values_in_any_chunking(shape):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefetcher_gives_the_same_batches_on_the_gpu():
-    from repro.runtime.transfer import Prefetcher
+    from repro.core.runtime.transfer import Prefetcher
 
     device = torch.device("cuda")
     prepare = DeviceBatches(device, [0.5] * 3, [0.25] * 3)

@@ -1,4 +1,4 @@
-"""Where a run computes (repro.runtime.devices): the device a name gives, glibc's settings for
+"""Where a run computes (repro.core.runtime.devices): the device a name gives, glibc's settings for
 host memory, and pinned memory only where a GPU copies from it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from repro.errors import ConfigError
-from repro.runtime import devices
+from repro.core.errors import ConfigError
+from repro.core.runtime import devices
 
 
 @pytest.mark.parametrize("cuda, expected", [(True, "cuda"), (False, "cpu")])
@@ -64,7 +64,7 @@ def test_without_glibc_host_memory_is_left_as_it_is(monkeypatch, error):
 
 
 def test_memory_is_pinned_only_when_asked_and_a_gpu_copies_from_it(caplog):
-    caplog.set_level(logging.DEBUG, logger="repro.runtime.devices")
+    caplog.set_level(logging.DEBUG, logger="repro.core.runtime.devices")
     assert devices.use_pinned_memory(True, torch.device("cuda")) is True
     assert devices.use_pinned_memory(False, torch.device("cuda")) is False
     assert devices.use_pinned_memory(False, torch.device("cpu")) is False

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro.data.samplers import EpochBatches
-from repro.runs import run_lock, signals
+from repro.core.data.samplers import EpochBatches
+from repro.core.runs import run_lock, signals
 
 from conftest import read_summary, run_cli, tiny, torchrun
 
@@ -105,10 +105,10 @@ def test_ranks_see_disjoint_shards_that_cover_the_epoch():
 def test_sync_batchnorm_on_cpu_is_a_clear_config_error():
     import torch
 
-    from repro import build
-    from repro.errors import ConfigError
-    from repro.models.small_cnn import SmallCNN
-    from repro.runtime.distributed import Context
+    from repro.core import build
+    from repro.core.errors import ConfigError
+    from repro.core.runtime.distributed import Context
+    from repro.extras.models.small_cnn import SmallCNN
 
     with pytest.raises(ConfigError, match=r"trainer\.sync_batchnorm"):
         build.data_parallel(SmallCNN(), True, Context(rank=0, world=2), torch.device("cpu"))
@@ -156,7 +156,7 @@ def _stop_request_in_the_main_thread(caplog, outside):
         assert stop.signum == signal.SIGUSR1 and stop.agreed(3, alone) == signal.SIGUSR1
         os.kill(os.getpid(), signal.SIGTERM)  # a second one: the latest is kept, not noted
         assert stop.agreed(4, alone) == signal.SIGTERM
-    noted = [r.getMessage() for r in caplog.records if r.name == "repro.runs.signals"]
+    noted = [r.getMessage() for r in caplog.records if r.name == "repro.core.runs.signals"]
     assert noted == ["got SIGUSR1: saving a checkpoint at the end of this step"]
     assert {signum: signal.getsignal(signum) for signum in before} == before and outside == []
     os.kill(os.getpid(), signal.SIGUSR1)  # after the block: the handler from before again

@@ -1,4 +1,4 @@
-"""torchrun's pieces in one process (repro.runtime.distributed): the rank from the environment,
+"""torchrun's pieces in one process (repro.core.runtime.distributed): the rank from the environment,
 the backend, each rank's device, and what each collective sends and gives back, with
 torch.distributed's calls recorded. test_distributed.py runs the real two-process jobs."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.errors import ConfigError
-from repro.runtime import distributed
-from repro.runtime.distributed import Context
+from repro.core.errors import ConfigError
+from repro.core.runtime import distributed
+from repro.core.runtime.distributed import Context
 
 TWO = Context(rank=1, world=2, local_rank=1)
 

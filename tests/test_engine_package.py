@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from repro.runs import trust
+from repro.core.runs import trust
 
 from conftest import CONF, ROOT
 
@@ -53,7 +53,7 @@ def test_an_installed_engine_trusts_its_shipped_conf_but_not_a_local_folder(tmp_
     trust.conf_targets.cache_clear()
     try:
         assert trust.conf_targets() == checkout
-        assert trust.trusted("repro.data.datasets.synthetic", "data")
+        assert trust.trusted("repro.core.data.datasets.synthetic", "data")
         assert not trust.trusted("os.system", "model")
     finally:
         trust.conf_targets.cache_clear()

@@ -1,4 +1,4 @@
-"""What a run ran on (repro.runtime.environment), piece by piece in-process: each reading from
+"""What a run ran on (repro.core.runtime.environment), piece by piece in-process: each reading from
 the machine, torch's build and the installed packages, on stand-ins this test controls."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.runtime import environment
+from repro.core.runtime import environment
 
 PYTHON = sys.executable
 

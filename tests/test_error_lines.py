@@ -1,4 +1,4 @@
-"""User errors as one line (repro.errors), in this process: what `exit_with` prints and notes
+"""User errors as one line (repro.core.errors), in this process: what `exit_with` prints and notes
 in the run's log, the message a DataLoader worker's error carries, and a refused write."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from repro.errors import DataError, StorageError, UserError, exit_with, one_line
+from repro.core.errors import DataError, StorageError, UserError, exit_with, one_line
 
 
 class RefusedError(UserError):
@@ -52,7 +52,7 @@ WORKER = (
     "Caught DataError in DataLoader worker process 0.\n"
     "Original Traceback (most recent call last):\n"
     '  File "loader.py", line 3, in fetch\n'
-    "repro.errors.DataError: {message}\n"
+    "repro.core.errors.DataError: {message}\n"
 )
 
 
@@ -66,7 +66,7 @@ def test_a_workers_error_is_its_own_last_line(message):
 
 
 def test_a_workers_last_line_of_another_error_type_is_kept_whole():
-    wrapped = WORKER.replace("repro.errors.DataError: {message}", "KeyError: 'label 3'")
+    wrapped = WORKER.replace("repro.core.errors.DataError: {message}", "KeyError: 'label 3'")
     assert one_line(DataError(wrapped)) == "KeyError: 'label 3'"
 
 

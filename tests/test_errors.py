@@ -10,14 +10,14 @@ from hydra.errors import HydraException
 from torch import nn
 
 import repro.train
-from repro import build, composition, config
-from repro.engine.losses import NonFiniteLossError, PendingLosses
-from repro.engine.position import Position
-from repro.errors import ConfigError, UserError, one_line
-from repro.runs.checkpoint import load
-from repro.runs.fingerprint_log import FingerprintLog
-from repro.runtime.distributed import Context
-from repro.runtime.precision import Precision
+from repro.core import build, composition, config
+from repro.core.engine.losses import NonFiniteLossError, PendingLosses
+from repro.core.errors import ConfigError, UserError, one_line
+from repro.core.runs.checkpoint import load
+from repro.core.runs.fingerprint_log import FingerprintLog
+from repro.core.runs.position import Position
+from repro.core.runtime.distributed import Context
+from repro.core.runtime.precision import Precision
 
 from conftest import CONF, compose_config, run_cli, tiny, train_in_process
 
@@ -188,7 +188,7 @@ def test_an_argument_the_objective_does_not_take_is_refused_before_any_data_load
     with pytest.raises(ConfigError) as raised:
         train_in_process(tmp_path, *tiny("+objective.gama=3"))
     assert str(raised.value) == (
-        "objective.gama=3 is not allowed: not an argument of repro.objectives.CrossEntropy, "
+        "objective.gama=3 is not allowed: not an argument of repro.core.tasks.objectives.CrossEntropy, "
         "which takes label_smoothing"
     )
 
@@ -241,8 +241,8 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(mode, tmp_path):
 def test_flushed_losses_are_logged_summed_with_their_terms_and_hashed_on_the_cadence(
     tmp_path, monkeypatch
 ):
-    from repro.engine import losses
-    from repro.watch.metrics import weights_sha256
+    from repro.core.engine import losses
+    from repro.core.watch.metrics import weights_sha256
 
     model = nn.Linear(2, 1)
     log = FingerprintLog(tmp_path / "fingerprints.csv")
@@ -303,7 +303,7 @@ def test_a_commands_warnings_reach_stderr_in_its_format_and_its_info_does_not(
 ):
     import logging
 
-    from repro.errors import warnings_to_stderr
+    from repro.core.errors import warnings_to_stderr
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # as in a fresh process: nothing set up yet

@@ -13,10 +13,10 @@ import yaml
 
 from repro import evaluate, predict
 from repro import report as report_command
-from repro.errors import UserError, exit_with
-from repro.guards.text import for_csv, for_terminal
-from repro.runs.checkpoint import atomic_save, load
-from repro.sweeps import render, report
+from repro.core.errors import UserError, exit_with
+from repro.core.runs.checkpoint import atomic_save, load
+from repro.core.sweeps import render, report
+from repro.core.text import for_csv, for_terminal
 
 from conftest import IMAGEFOLDER, make_image_tree, train_in_process
 
@@ -196,7 +196,7 @@ def test_hydras_launcher_line_reaches_the_terminal_escaped(capsys):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from repro.runs import trust
+    from repro.core.runs import trust
 
     with initialize_config_dir(config_dir=str(trust.CONF), version_base="1.3"):
         cfg = compose("config", return_hydra_config=True)
@@ -215,7 +215,7 @@ def test_hydras_launcher_line_reaches_the_terminal_escaped(capsys):
 def test_the_log_filter_escapes_each_line_and_cell_and_keeps_our_tabs_and_newlines():
     import logging
 
-    from repro.guards.text import EscapingFilter
+    from repro.core.text import EscapingFilter
 
     record = logging.makeLogRecord({"msg": "%s\t%s", "args": ("job\x1b[2J", "a\nb\x07\tc")})
     assert EscapingFilter().filter(record) is True

@@ -12,12 +12,12 @@ import torch
 from omegaconf import OmegaConf
 from torch.nn import functional
 
-from repro import build, evaluate
-from repro.data import synthetic
-from repro.data.sources import in_memory
-from repro.errors import CheckpointError, ConfigError
-from repro.runs import restore
-from repro.runs.trust import UntrustedConfigError
+from repro import evaluate
+from repro.core import build, restore
+from repro.core.data import synthetic
+from repro.core.data.sources import in_memory
+from repro.core.errors import CheckpointError, ConfigError
+from repro.core.runs.trust import UntrustedConfigError
 
 from conftest import IMAGEFOLDER, SHAPES, compose_config, make_image_tree, tiny, write_checkpoint
 

@@ -20,14 +20,14 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from repro import build
-from repro.errors import CheckpointError, ConfigError, DataError
+from repro.core import build
+from repro.core.errors import CheckpointError, ConfigError, DataError
+from repro.core.restore import restore
+from repro.core.runs.checkpoint import load
+from repro.core.runs.integrity import KEY as DIGEST
+from repro.core.runs.trust import UntrustedConfigError
 from repro.export.command import export_checkpoint, main
 from repro.export.formats import ExportError
-from repro.runs.checkpoint import load
-from repro.runs.integrity import KEY as DIGEST
-from repro.runs.restore import restore
-from repro.runs.trust import UntrustedConfigError
 
 from conftest import (
     IMAGEFOLDER,

@@ -1,4 +1,4 @@
-"""Writing files (repro.files) in-process: the rename that makes a write whole, the opening
+"""Writing files (repro.core.files) in-process: the rename that makes a write whole, the opening
 that refuses links, FIFOs and second names, and the helpers around them."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from repro import files
-from repro.errors import StorageError
+from repro.core import files
+from repro.core.errors import StorageError
 
 
 def open_descriptors() -> int:

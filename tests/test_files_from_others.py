@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.errors import DataError
+from repro.core import overrides as recorded_overrides
+from repro.core.errors import DataError
+from repro.core.guards import network
+from repro.core.runs import checkpoint, trust
+from repro.core.runs.trust import UntrustedConfigError
 from repro.evaluate import main as evaluate_main
-from repro.guards import network
 from repro.resume import command as resume
-from repro.resume import overrides as recorded_overrides
-from repro.runs import checkpoint, trust
-from repro.runs.trust import UntrustedConfigError
 from repro.verify import command as verify
 
 from conftest import ROOT, tiny, train_in_process
@@ -245,7 +245,9 @@ def test_verify_downloads_no_dataset_the_record_names(trained, tmp_path, capsys)
     shutil.copytree(trained, run_dir)
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     root = tmp_path / "outside" / "cifar"
-    resolved["data"].update(_target_="repro.data.datasets.cifar10", download=True, root=str(root))
+    resolved["data"].update(
+        _target_="repro.core.data.datasets.cifar10", download=True, root=str(root)
+    )
     (run_dir / "resolved_config.yaml").write_text(yaml.safe_dump(resolved))
     assert exit_code(verify.main, str(run_dir), "steps=2") == 2
     one_error_line(capsys)
@@ -281,7 +283,7 @@ def test_verify_fetches_no_weights_from_a_url_or_into_a_folder_the_record_names(
     shutil.copytree(trained, run_dir)
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     resolved["model"] = {
-        "_target_": "repro.models.pretrained.timm_model", "name": "resnet18", "pretrained": True,
+        "_target_": "repro.extras.models.pretrained.timm_model", "name": "resnet18", "pretrained": True,
         "num_classes": 10, "cache_dir": str(tmp_path / "outside" / "made"),
         "pretrained_cfg_overlay": {"url": "file:///etc/hostname", "hf_hub_id": None},
     }  # fmt: skip
@@ -342,7 +344,9 @@ def nested_weights(config: dict, outside: Path) -> None:
 
 
 def dataset_download(config: dict, outside: Path) -> None:
-    config["data"].update(_target_="repro.data.datasets.cifar10", download=True, root=str(outside))
+    config["data"].update(
+        _target_="repro.core.data.datasets.cifar10", download=True, root=str(outside)
+    )
 
 
 @pytest.mark.parametrize("edit", [nested_weights, dataset_download])
@@ -367,7 +371,7 @@ def test_a_killed_trial_in_a_received_study_reruns_with_values_of_the_search_spa
     from optuna.distributions import CategoricalDistribution, LogUniformDistribution
     from optuna.trial import TrialState, create_trial
 
-    from repro.search.study import open_study
+    from repro.extras.search.study import open_study
 
     sweep, marker = tmp_path / "sweep", tmp_path / "marker"
     sweep.mkdir()

@@ -37,9 +37,9 @@ import yaml
 from hydra.utils import instantiate
 
 from repro import evaluate, predict, report
+from repro.core.runs import checkpoint
 from repro.export import command as export
 from repro.resume import command as resume
-from repro.runs import checkpoint
 from repro.verify import command as verify
 
 from conftest import ROOT, TINY, make_image_tree, run_cli
@@ -248,7 +248,7 @@ def harmful_nodes(marker: Path, outside: Path) -> list[dict[str, Any]]:
         {"_target_": "torch.save", "_args_": [{}, m]},
         {"_target_": "numpy.save", "_args_": [m, [1]]},
         {"_target_": "zipfile.ZipFile", "_args_": [m, "w"]},
-        {"_target_": "repro.models.small_cnn.SmallCNN", "num_classes": 10, "widths": touch},
+        {"_target_": "repro.extras.models.small_cnn.SmallCNN", "num_classes": 10, "widths": touch},
         {"_target_": "torch.optim.SGD", "params": touch, "lr": 0.1},
         # names only
         {"_target_": "os.system", "_args_": [f"touch {m}"]},

@@ -11,12 +11,11 @@ import pytest
 import torch
 from torch.nn import functional
 
-from repro import build
-from repro.data.loader import Batches
-from repro.engine import assembly
-from repro.runs import final_test
-from repro.runs.checkpoint import BEST_FILE, FORMAT, VERSION, Checkpointer, atomic_save
-from repro.runtime.distributed import Context
+from repro.core import build
+from repro.core.data.loader import Batches
+from repro.core.engine import assembly, final_test
+from repro.core.runs.checkpoint import BEST_FILE, FORMAT, VERSION, Checkpointer, atomic_save
+from repro.core.runtime.distributed import Context
 
 from conftest import compose_config, tiny
 
@@ -72,13 +71,13 @@ def test_a_finished_run_tests_its_last_weights_on_the_whole_test_split(tmp_path,
     cfg, trainer, parts = assembled(tmp_path, "trainer.test_weights=last")
     loss, acc, count = by_hand(cfg, trainer, parts, trainer.model)
     assert count == 40
-    with caplog.at_level(logging.INFO, logger="repro.runs.final_test"):
+    with caplog.at_level(logging.INFO, logger="repro.core.engine.final_test"):
         result = final_test.test_after_fit(cfg, finished(trainer), parts)
     assert list(result) == ["test_loss", "test_acc", "test_weights"]
     assert result["test_loss"] == pytest.approx(loss, rel=1e-5)
     assert result["test_acc"] == pytest.approx(acc, abs=1e-12)
     assert result["test_weights"] == "last"
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.core.engine.final_test"]
     assert said == [f"test (last weights) | loss {result['test_loss']:.4f} acc {acc:.4f}"]
 
 
@@ -116,10 +115,12 @@ def test_without_a_test_split_nothing_is_tested_and_it_says_so(tmp_path, caplog)
     cfg, trainer, parts = assembled(tmp_path, "trainer.test_weights=last")
     empty = parts.data.test.subset(torch.arange(0))
     parts.data = dataclasses.replace(parts.data, test=empty)
-    with caplog.at_level(logging.INFO, logger="repro.runs.final_test"):
+    with caplog.at_level(logging.INFO, logger="repro.core.engine.final_test"):
         assert final_test.test_after_fit(cfg, finished(trainer), parts) == {}
     said = [
-        (r.levelname, r.getMessage()) for r in caplog.records if r.name == "repro.runs.final_test"
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name == "repro.core.engine.final_test"
     ]
     assert said == [
         (
@@ -145,19 +146,19 @@ def test_best_weights_are_this_runs_best_pt_as_a_copy_and_the_average_is_the_ema
     trainer.state.best.step = 3
     finished(trainer)
     loss, acc, _ = by_hand(cfg, trainer, parts, _with(trainer.model, best))
-    with caplog.at_level(logging.INFO, logger="repro.runs.final_test"):
+    with caplog.at_level(logging.INFO, logger="repro.core.engine.final_test"):
         result = final_test.test_after_fit(cfg, trainer, parts)
     assert result["test_weights"] == "best"
     assert result["test_loss"] == pytest.approx(loss, rel=1e-5)
     assert result["test_acc"] == pytest.approx(acc, abs=1e-12)
     now = trainer.model.state_dict()  # best.pt went into a copy, the weights are the last
     assert not all(torch.equal(now[k], best[k]) for k in best)
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.core.engine.final_test"]
     assert said[0].startswith("test (best weights) | loss ")
 
     trainer.state.best.step = 4  # best.pt holds another step: the last weights, saying why
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="repro.runs.final_test"):
+    with caplog.at_level(logging.INFO, logger="repro.core.engine.final_test"):
         assert final_test.test_after_fit(cfg, trainer, parts)["test_weights"] == "last"
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == final_test.__name__]
     assert said[0] == (
@@ -211,10 +212,10 @@ def test_the_test_split_is_loaded_and_evaluated_with_the_runs_own_parts(tmp_path
 def test_a_multi_label_run_is_tested_on_its_labels_and_says_its_mean_precision(tmp_path, caplog):
     multi = ("objective=multilabel_bce", "data=synthetic_multilabel", "trainer.test_weights=last")
     cfg, trainer, parts = assembled(tmp_path, *multi)
-    with caplog.at_level(logging.INFO, logger="repro.runs.final_test"):
+    with caplog.at_level(logging.INFO, logger="repro.core.engine.final_test"):
         result = final_test.test_after_fit(cfg, finished(trainer), parts)
     names = [f"test_ap_{name}" for name in parts.data.classes]
     assert set(names) <= set(result) and "test_map" in result
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.core.engine.final_test"]
     loss, acc, mean = result["test_loss"], result["test_acc"], result["test_map"]
     assert said == [f"test (last weights) | loss {loss:.4f} acc {acc:.4f} map {mean:.4f}"]

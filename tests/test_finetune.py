@@ -13,10 +13,10 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from repro import build
-from repro.errors import ConfigError
-from repro.runs.checkpoint import load
-from repro.runtime.precision import Precision
+from repro.core import build
+from repro.core.errors import ConfigError
+from repro.core.runs.checkpoint import load
+from repro.core.runtime.precision import Precision
 
 from conftest import (
     compose_config,
@@ -176,7 +176,7 @@ def _head_and_backbone() -> torch.nn.Module:
 def test_freeze_steps_freezes_exactly_that_many_steps():
     from types import SimpleNamespace
 
-    from repro.components.finetune import Finetune
+    from repro.extras.components.finetune import Finetune
 
     finetune = Finetune(_head_and_backbone(), total_steps=10, freeze_steps=3)
     frozen = [finetune.frozen_at(SimpleNamespace(step=s, epoch=0)) for s in range(6)]
@@ -212,7 +212,7 @@ def _model_with_dropout() -> torch.nn.Module:
     ],
 )  # fmt: skip
 def test_a_finetune_setting_out_of_range_is_refused_word_for_word(arguments, message):
-    from repro.components.finetune import Finetune
+    from repro.extras.components.finetune import Finetune
 
     with pytest.raises(ValueError) as refused:
         Finetune(_model_with_dropout(), total_steps=10, **arguments)
@@ -220,7 +220,7 @@ def test_a_finetune_setting_out_of_range_is_refused_word_for_word(arguments, mes
 
 
 def test_a_model_without_a_head_is_refused_and_freezing_every_step_is_allowed():
-    from repro.components.finetune import Finetune
+    from repro.extras.components.finetune import Finetune
 
     with pytest.raises(ValueError) as refused:
         Finetune(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), total_steps=10)
@@ -239,7 +239,7 @@ def _loop(model: torch.nn.Module, step: int, **more) -> object:
 
 
 def test_while_frozen_only_the_backbones_batchnorm_is_in_eval_and_its_gradients_are_zero():
-    from repro.components.finetune import Finetune
+    from repro.extras.components.finetune import Finetune
 
     model = _model_with_dropout().train()
     finetune = Finetune(model, total_steps=10, freeze_steps=1)  # bn_eval by default
@@ -262,7 +262,7 @@ def test_while_frozen_only_the_backbones_batchnorm_is_in_eval_and_its_gradients_
 
 
 def test_without_bn_eval_the_backbones_batchnorm_keeps_training_while_frozen():
-    from repro.components.finetune import Finetune
+    from repro.extras.components.finetune import Finetune
 
     model = _model_with_dropout().train()
     finetune = Finetune(model, total_steps=10, freeze_steps=1, bn_eval=False)
@@ -273,7 +273,7 @@ def test_without_bn_eval_the_backbones_batchnorm_keeps_training_while_frozen():
 def test_the_optimizer_hook_is_registered_once_and_a_frozen_step_leaves_the_backbone():
     from types import SimpleNamespace
 
-    from repro.components.finetune import Finetune
+    from repro.extras.components.finetune import Finetune
 
     model = _model_with_dropout().train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
@@ -293,7 +293,7 @@ def test_the_optimizer_hook_is_registered_once_and_a_frozen_step_leaves_the_back
 def test_freeze_epochs_beyond_the_run_names_its_whole_epochs():
     from types import SimpleNamespace
 
-    from repro.components.finetune import Finetune
+    from repro.extras.components.finetune import Finetune
 
     model = _model_with_dropout()
     finetune = Finetune(model, total_steps=7, freeze_epochs=3)

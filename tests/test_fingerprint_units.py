@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.data import fingerprint
-from repro.data.datasets import Splits
-from repro.data.sources import ImageFiles, TensorImages
-from repro.guards import received
+from repro.core.data import fingerprint
+from repro.core.data.datasets import Splits
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.guards import received
 
 
 def sha(*parts: bytes) -> str:

@@ -1,4 +1,4 @@
-"""The folder check itself (repro.guards.folders) on folders made here, no training: which links,
+"""The folder check itself (repro.core.guards.folders) on folders made here, no training: which links,
 hard links and special files it refuses, and the words it uses. test_folder_guard.py has the
 entry points refusing such folders."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from repro.guards import folders
-from repro.guards.folders import UnsafeFolderError
+from repro.core.guards import folders
+from repro.core.guards.folders import UnsafeFolderError
 
 
 @pytest.fixture

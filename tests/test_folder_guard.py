@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from repro.guards import folders
-from repro.guards.folders import UnsafeFolderError
-from repro.runs import history, run_lock
+from repro.core.guards import folders
+from repro.core.guards.folders import UnsafeFolderError
+from repro.core.runs import history, run_lock
 
 from conftest import run_cli, tiny, train_in_process
 

@@ -11,13 +11,12 @@ import json
 import pytest
 import torch
 
-from repro import build
-from repro.engine import assembly, preflight
-from repro.guards import received
-from repro.runs import restore
-from repro.runs.history import RunHistory
-from repro.runtime.distributed import Context
-from repro.sweeps import report
+from repro.core import build, restore
+from repro.core.engine import assembly, preflight
+from repro.core.guards import received
+from repro.core.runs.history import RunHistory
+from repro.core.runtime.distributed import Context
+from repro.core.sweeps import report
 
 from conftest import compose_config, tiny
 

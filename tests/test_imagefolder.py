@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from repro.data.sources import ImageFiles
-from repro.data.transforms import CenterCrop, ResizeShorter
-from repro.errors import DataError
+from repro.core.data.sources import ImageFiles
+from repro.core.data.transforms import CenterCrop, ResizeShorter
+from repro.core.errors import DataError
 
 from conftest import (
     IMAGEFOLDER,
@@ -71,8 +71,8 @@ def test_an_unreadable_image_in_a_worker_is_one_clean_line(tmp_path):
 
 
 def test_without_val_folder_a_seeded_part_of_train_is_held_out(tmp_path):
-    from repro.data.datasets import build_splits
-    from repro.runtime import seeding
+    from repro.core.data.datasets import build_splits
+    from repro.core.runtime import seeding
 
     root = make_image_tree(tmp_path / "images", 10)
     for image in (root / "val").rglob("*.png"):

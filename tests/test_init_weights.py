@@ -7,11 +7,11 @@ import hashlib
 import pytest
 import torch
 
-from repro import build
-from repro.errors import CheckpointError
-from repro.models.small_cnn import SmallCNN
-from repro.runs.init_weights import load_matching, load_on_every_rank
-from repro.runtime import distributed
+from repro.core import build
+from repro.core.errors import CheckpointError
+from repro.core.runs.init_weights import load_matching, load_on_every_rank
+from repro.core.runtime import distributed
+from repro.extras.models.small_cnn import SmallCNN
 
 from conftest import Exploit, compose_config, save_as_from_a_gpu, tiny, train_in_process
 
@@ -138,9 +138,9 @@ def test_a_wrappers_prefix_is_dropped_only_when_every_name_has_it(trained, tmp_p
 def test_the_tensors_kept_initial_are_logged_by_name(trained, caplog):
     import logging
 
-    caplog.set_level(logging.INFO, logger="repro.runs.init_weights")
+    caplog.set_level(logging.INFO, logger="repro.core.runs.init_weights")
     load_matching(SmallCNN(num_classes=3, widths=(8, 16)), trained)
-    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.init_weights"]
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.core.runs.init_weights"]
     count = len(torch.load(trained, weights_only=True)["model"]) - 2
     assert (
         said == f"init_weights: {count} tensors loaded; kept initial: 9.bias, 9.weight"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.errors import CheckpointError
+from repro.core.errors import CheckpointError
+from repro.core.runs import checkpoint, integrity
+from repro.core.runs.checkpoint import Checkpointer, DamagedCheckpointError
 from repro.evaluate import evaluate_checkpoint
-from repro.runs import checkpoint, integrity
-from repro.runs.checkpoint import Checkpointer, DamagedCheckpointError
 
 from conftest import tiny, train_in_process
 

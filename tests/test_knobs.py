@@ -17,19 +17,19 @@ import numpy as np
 import pytest
 import torch
 
-from repro import config
-from repro.data.loader import LoaderContext
-from repro.data.samplers import EpochBatches, EvalBatches
-from repro.data.workers import start_worker
-from repro.engine.loop import Trainer
-from repro.errors import ConfigError
-from repro.models.small_cnn import SmallCNN
-from repro.runtime import determinism, seeding
-from repro.runtime.devices import use_pinned_memory
-from repro.runtime.launch import expand_seed_shorthand
-from repro.runtime.memory_format import MemoryFormat
-from repro.runtime.precision import Precision
-from repro.runtime.transfer import DeviceBatches
+from repro.core import config
+from repro.core.data.loader import LoaderContext
+from repro.core.data.samplers import EpochBatches, EvalBatches
+from repro.core.data.workers import start_worker
+from repro.core.engine.loop import Trainer
+from repro.core.errors import ConfigError
+from repro.core.runtime import determinism, seeding
+from repro.core.runtime.devices import use_pinned_memory
+from repro.core.runtime.launch import expand_seed_shorthand
+from repro.core.runtime.memory_format import MemoryFormat
+from repro.core.runtime.precision import Precision
+from repro.core.runtime.transfer import DeviceBatches
+from repro.extras.models.small_cnn import SmallCNN
 
 from conftest import compose_config, read_summary, tiny, train_in_process
 
@@ -107,7 +107,7 @@ def test_seed_random_draws_records_and_can_be_repeated(tmp_path):
 
 
 def test_model_init_depends_on_the_seed_only(tmp_path):
-    from repro import build
+    from repro.core import build
 
     cfg = compose_config(*tiny())
     first = build.model(cfg, 5).state_dict()
@@ -169,7 +169,7 @@ def test_an_override_that_breaks_preset_exact_is_refused_naming_it():
 
 
 def test_gpu_batches_are_normalised_straight_into_the_models_memory_format(monkeypatch):
-    from repro import build
+    from repro.core import build
 
     raw = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.zeros(8, dtype=torch.int64)
@@ -189,7 +189,7 @@ def test_gpu_batches_are_normalised_straight_into_the_models_memory_format(monke
 
 
 def test_loader_gets_a_seeded_generator_worker_init_and_workers():
-    from repro import build
+    from repro.core import build
 
     cfg = compose_config("dataloader=default", "data.train_size=256", "data.val_size=64")
     data = build.splits(cfg, 3)
@@ -208,7 +208,7 @@ def test_loader_gets_a_seeded_generator_worker_init_and_workers():
 WORKERS_THEN_SIGKILL = """
 import os, signal, numpy as np
 from torch.utils.data import DataLoader
-from repro.data.workers import start_worker
+from repro.core.data.workers import start_worker
 
 class Large:
     def __len__(self): return 10**6
@@ -326,9 +326,9 @@ def test_contiguous_leaves_the_layout_alone(tmp_path, recorded_forward):
 
 
 def test_channels_last_leaves_other_ranks_alone(caplog):
-    from repro.runtime.memory_format import MemoryFormat
+    from repro.core.runtime.memory_format import MemoryFormat
 
-    caplog.set_level(logging.INFO, logger="repro.runtime.memory_format")
+    caplog.set_level(logging.INFO, logger="repro.core.runtime.memory_format")
     fmt = MemoryFormat("channels_last")
     assert fmt.name == "channels_last"  # what the run's settings record
     flat = torch.zeros(4, 10)

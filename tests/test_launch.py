@@ -1,4 +1,4 @@
-"""What an entry point does before Hydra parses anything (repro.runtime.launch), in-process:
+"""What an entry point does before Hydra parses anything (repro.core.runtime.launch), in-process:
 the hash seed, the recorded command, `seed=` shorthand, the run's name, torchrun's ranks."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from repro.runtime import distributed, launch
+from repro.core.runtime import distributed, launch
 
 
 def test_the_entry_point_is_run_again_with_the_hash_seed_set_once(monkeypatch):

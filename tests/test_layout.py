@@ -1,6 +1,7 @@
-"""The shape of the code: a small core (the machinery) that imports none of the areas beside it
-(recipes, components, models, the export command) nor the benchmarks, folders of a dozen
-modules at most, no import cycle, a loop of few fields."""
+"""The shape of the code: the core (src/repro/core/, the machinery) imports nothing beside it
+(the tools, the optional parts in extras/, the api, the benchmarks), folders of a dozen modules
+at most, no import cycle between modules, a loop of few fields. The tiers themselves are
+import-linter's contracts (pyproject.toml), checked by tests/test_layers.py."""
 
 from __future__ import annotations
 
@@ -17,37 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from repro.engine.loop import Trainer
+from repro.core.engine.loop import Trainer
 
 from conftest import ROOT, TINY
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "repro"
 NAME = PACKAGE.name
-# Inside the package, outside the core. Components and models are plug-ins conf/ names only by
-# `_target_`, so deleting one touches no core file (so is search/, the Optuna sweeper's code);
-# export, resume and verify are tools with their own entry points. The core imports none of them
-# (the first test below), so its size counts only the machinery.
-AREAS = (
-    "recipes",
-    "components",
-    "models",
-    "search",
-    "export",
-    "resume",
-    "verify",
-    "shards",
-    "testkit",
-    "multilabel",
-    "manual",
-)  # testkit: the pytest plugin and checks a project runs on its own parts (docs/engine.md)
-CORE_LINES = 7450  # 6000 until issue 40 added the guards; 6225 until issue 42 (data options,
-# loop.stop, the objective's Batch, sweep verdicts, one-line unknown keys); 6575 until issue 44
-# (a source's own epoch order and digest, which sharded data needs); 6600 until issue 43 (trust
-# reads the conf/ of installed projects); 6625 until issue 51 (tasks.py: the objective's task,
-# targets of any shape, the split's outputs for callbacks, training without a validation split);
-# 6960 until issue 52 (an objective's own state in checkpoints; faults armed after import); 6985
-# until issue 53 (guards/received: the one boundary every received byte passes, with its caps;
-# places from the command line; a checkpoint's layout checked)
+CORE = f"{NAME}.core"
+CORE_LINES = 7200  # src/repro/core/ alone, since issue 67 made the tiers folders
+# (7450 for the package less its areas before: the tools train, evaluate, predict and report
+# counted then)
 FOLDER_MODULES = 12
 
 
@@ -61,7 +41,7 @@ def modules() -> dict[str, Path]:
 
 
 def is_core(name: str) -> bool:
-    return not any(name.startswith(f"{NAME}.{area}") for area in AREAS)
+    return name == CORE or name.startswith(f"{CORE}.")
 
 
 def imported(name: str, path: Path) -> set[str]:
@@ -103,7 +83,8 @@ def test_the_core_never_imports_the_recipes_or_the_benchmarks():
         name: sorted(
             target
             for target in imported(name, path)
-            if target.startswith("benchmarks") or not is_core(target)
+            if target.startswith("benchmarks")
+            or (target.startswith(f"{NAME}.") and not is_core(target))
         )
         for name, path in modules().items()
         if is_core(name)
@@ -163,8 +144,8 @@ def test_code_lines_leave_out_docstrings_comments_and_blank_lines(tmp_path):
 # rest still imports, composes and trains (the rest's own tests then pass: checked by hand,
 # see the issue 31 note).
 REMOVABLE = {
-    "ema": ["src/{name}/components/ema.py", "src/{name}/conf/components/ema.yaml"],
-    "lookahead": ["src/{name}/recipes/lookahead.py", "src/{name}/conf/components/lookahead.yaml",
+    "ema": ["src/{name}/extras/components/ema.py", "src/{name}/conf/components/ema.yaml"],
+    "lookahead": ["src/{name}/extras/recipes/lookahead.py", "src/{name}/conf/components/lookahead.yaml",
                   "src/{name}/conf/experiment/cifar10_airbench.yaml"],
 }  # fmt: skip
 

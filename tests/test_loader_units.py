@@ -1,4 +1,4 @@
-"""The loaders' parts in-process (repro.data.loader): the run-long iterator, the views'
+"""The loaders' parts in-process (repro.core.data.loader): the run-long iterator, the views'
 samples and batches, batching samples read one by one, and what each DataLoader is given."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro.data import loader, transforms
-from repro.data.datasets import Splits
-from repro.data.loader import Batches, EvalView, LoaderContext, TrainView
-from repro.data.slots import Batch, SlotRef
-from repro.data.sources import TensorImages
-from repro.data.workers import start_worker
-from repro.runtime.seeding import SampleKeys, stream_seed
+from repro.core.data import loader, transforms
+from repro.core.data.datasets import Splits
+from repro.core.data.loader import Batches, EvalView, LoaderContext, TrainView
+from repro.core.data.slots import Batch, SlotRef
+from repro.core.data.sources import TensorImages
+from repro.core.data.workers import start_worker
+from repro.core.runtime.seeding import SampleKeys, stream_seed
 
 STREAM = stream_seed(2, "augment")
 

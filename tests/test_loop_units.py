@@ -10,12 +10,12 @@ import dataclasses
 import pytest
 import torch
 
-from repro import build
-from repro.callbacks import Callbacks
-from repro.engine import assembly
-from repro.errors import CheckpointError, ConfigError
-from repro.runs.checkpoint import Checkpointer
-from repro.runtime.distributed import Context
+from repro.core import build
+from repro.core.engine import assembly
+from repro.core.errors import CheckpointError, ConfigError
+from repro.core.runs.checkpoint import Checkpointer
+from repro.core.runtime.distributed import Context
+from repro.core.watch.callbacks import Callbacks
 
 from conftest import StepCounter, compose_config, tiny
 
@@ -255,7 +255,7 @@ def test_every_part_that_keeps_state_is_saved_and_restored_under_its_own_key(tmp
 def test_rank_0s_random_state_alone_is_kept_and_restored_in_a_world_invariant_run(
     tmp_path, monkeypatch
 ):
-    from repro.engine import loop
+    from repro.core.engine import loop
 
     trainer = assembled(tmp_path / "a")
     torch.manual_seed(1)
@@ -295,7 +295,7 @@ def test_the_losses_reach_the_trackers_from_their_first_step_every_nth_step_or_e
 
 
 def test_training_time_adds_up_from_where_training_last_went_on(tmp_path, monkeypatch):
-    from repro.engine import loop
+    from repro.core.engine import loop
 
     trainer = assembled(tmp_path)
     trainer.state.position.train_seconds, trainer._training_since = 2.0, 10.0
@@ -307,7 +307,7 @@ def test_training_time_adds_up_from_where_training_last_went_on(tmp_path, monkey
 def test_each_step_gets_its_position_the_callbacks_the_trainer_and_a_fault_point_that_settles(
     tmp_path, monkeypatch
 ):
-    from repro.engine import loop
+    from repro.core.engine import loop
 
     trainer = assembled(tmp_path)
     seen, points, step = [], [], trainer.step
@@ -335,7 +335,7 @@ def test_each_step_gets_its_position_the_callbacks_the_trainer_and_a_fault_point
 def test_a_fault_named_for_a_step_fires_after_it_with_the_checkpoint_before_on_disk(
     tmp_path, monkeypatch
 ):
-    from repro.runs import faults
+    from repro.core.runs import faults
 
     monkeypatch.setenv(faults.VARIABLE, "step:3:EIO")
     trainer = assembled(tmp_path)
@@ -384,7 +384,7 @@ def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint_and_the_sig
 
 
 def test_a_non_finite_loss_stops_the_run_naming_where_the_last_good_checkpoint_is(tmp_path):
-    from repro.engine.losses import NonFiniteLossError
+    from repro.core.engine.losses import NonFiniteLossError
 
     trainer = assembled(tmp_path)
 
@@ -429,8 +429,8 @@ def test_an_absent_monitor_is_refused_naming_the_averages_columns_too(tmp_path):
 
 def by_hand(trainer, tta: str = "none") -> float:
     """The validation loss of the trained model, its objective's, from the loader's batches."""
-    from repro.data.loader import Batches
-    from repro.engine.evaluation import predict
+    from repro.core.data.loader import Batches
+    from repro.core.engine.evaluation import predict
 
     loader, total, images = trainer.data.val_loader, 0.0, 0
     smoothing = trainer.objective.objective.label_smoothing
@@ -470,7 +470,7 @@ def test_the_callbacks_get_the_predictions_of_each_evaluation(tmp_path):
 
 
 def test_a_multi_label_evaluation_names_each_labels_columns_after_the_data(tmp_path):
-    from repro import tasks
+    from repro.core import tasks
 
     trainer = assembled(tmp_path, "objective=multilabel_bce", "data=synthetic_multilabel")
     result = trainer.evaluate(trainer.model)

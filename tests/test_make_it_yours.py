@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from repro.data import synthetic
+from repro.core.data import synthetic
 
 from conftest import ROOT, SHAPES, TINY, draw_shape
 

@@ -17,11 +17,11 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from repro import evaluate as evaluate_command
-from repro.engine.evaluation import evaluate, evaluation_columns
-from repro.errors import ConfigError, UserError, one_line
-from repro.runs.checkpoint import load
-from repro.sweeps import report
-from repro.watch.scores import build_scores
+from repro.core.engine.evaluation import evaluate, evaluation_columns
+from repro.core.errors import ConfigError, UserError, one_line
+from repro.core.runs.checkpoint import load
+from repro.core.sweeps import report
+from repro.core.watch.scores import build_scores
 
 from conftest import compose_config, read_summary, run_cli, tiny, torchrun, train_in_process
 
@@ -300,8 +300,8 @@ def test_a_reserved_metric_name_or_a_metric_of_other_states_is_refused_word_for_
 
 
 def test_the_confusion_matrix_counts_true_by_predicted_and_sums_over_the_ranks(monkeypatch):
-    from repro.engine import evaluation
-    from repro.runtime.distributed import Context
+    from repro.core.engine import evaluation
+    from repro.core.runtime.distributed import Context
 
     empty = evaluation.Predictions().confusion(3)  # a rank whose shard was empty
     assert empty.dtype == torch.int64 and empty.tolist() == [[0] * 3] * 3
@@ -323,7 +323,7 @@ def test_the_confusion_matrix_counts_true_by_predicted_and_sums_over_the_ranks(m
 
 
 def test_prediction_without_tta_is_the_models_own_logits_in_float32():
-    from repro.engine.evaluation import predict
+    from repro.core.engine.evaluation import predict
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3)).double()
     images = torch.rand(2, 1, 3, 4, dtype=torch.float64)

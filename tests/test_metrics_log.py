@@ -1,4 +1,4 @@
-"""Where an evaluation's row goes (repro.watch.loggers), in-process: metrics.csv across
+"""Where an evaluation's row goes (repro.core.watch.loggers), in-process: metrics.csv across
 resumes, the log line, TensorBoard and trackers, and curves.png from the file."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from repro.errors import StorageError
-from repro.guards import received
-from repro.watch import loggers
-from repro.watch.loggers import STEP_LOSS, MetricsLog
+from repro.core.errors import StorageError
+from repro.core.guards import received
+from repro.core.watch import loggers
+from repro.core.watch.loggers import STEP_LOSS, MetricsLog
 
 ROW = {
     "epoch": 0,

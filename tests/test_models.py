@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from repro.models.resnet_cifar import BasicBlock, ResNetCifar, resnet18_cifar
-from repro.models.small_cnn import SmallCNN, conv_bn_relu
+from repro.extras.models.resnet_cifar import BasicBlock, ResNetCifar, resnet18_cifar
+from repro.extras.models.small_cnn import SmallCNN, conv_bn_relu
 
 
 def spec(module: nn.Module) -> tuple:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.multilabel.synthetic import generate
+from repro.extras.multilabel.synthetic import generate
 
 from conftest import ROOT, make_image_tree, read_summary, run_cli, tiny, torchrun, train_in_process
 

@@ -1,4 +1,4 @@
-"""`data=synthetic_multilabel` (repro.multilabel.synthetic), pixel by pixel: each image is a
+"""`data=synthetic_multilabel` (repro.extras.multilabel.synthetic), pixel by pixel: each image is a
 2x2 grid of the synthetic shapes at half size, its target the multi-hot row of their classes;
 the pixels come from the generator seed alone, the split from the run's seed."""
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro.data import synthetic as shapes
-from repro.errors import ConfigError
-from repro.multilabel.synthetic import generate, synthetic_multilabel
+from repro.core.data import synthetic as shapes
+from repro.core.errors import ConfigError
+from repro.extras.multilabel.synthetic import generate, synthetic_multilabel
 
 
 def _half_size(tile: torch.Tensor) -> torch.Tensor:

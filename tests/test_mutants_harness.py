@@ -57,7 +57,7 @@ def test_code_found_twice_is_an_error_too():
     first = mutants.MUTANTS[0]
     twice = mutants.Mutant("twice", "ambiguous", first.file, "self", "that", first.tests)
     [said] = mutants.problems([twice])
-    assert said.startswith("mutant twice: its code is ") and "times in engine/loop.py" in said
+    assert said.startswith("mutant twice: its code is ") and "times in core/engine/loop.py" in said
 
 
 def test_a_parametrized_case_is_checked_by_its_function():
@@ -76,7 +76,7 @@ mutation = _script("mutation")
 def test_the_table_maps_every_module_of_its_targets_to_test_files_that_exist():
     table = mutation.read_table()
     assert mutation.table_problems(table, mutation.read_equivalents()) == []
-    assert f"{mutation.PACKAGE}/runs/integrity.py" in table.tests
+    assert f"{mutation.PACKAGE}/core/runs/integrity.py" in table.tests
     assert any(module.startswith("hydra_plugins/") for module in table.tests)
 
 
@@ -103,12 +103,14 @@ def test_a_module_left_out_a_stray_entry_and_a_missing_test_file_are_named(tmp_p
 def test_arguments_name_a_module_or_a_folder_under_the_package_or_src():
     table = mutation.read_table()
     package = mutation.PACKAGE
-    assert mutation.choose(table, ["runs/integrity.py"]) == [f"{package}/runs/integrity.py"]
-    assert mutation.choose(table, [f"src/{package}/runs/integrity.py"]) == [
-        f"{package}/runs/integrity.py"
+    assert mutation.choose(table, ["core/runs/integrity.py"]) == [
+        f"{package}/core/runs/integrity.py"
     ]
-    sweeps = mutation.choose(table, ["sweeps/"])
-    assert sweeps and all(module.startswith(f"{package}/sweeps/") for module in sweeps)
+    assert mutation.choose(table, [f"src/{package}/core/runs/integrity.py"]) == [
+        f"{package}/core/runs/integrity.py"
+    ]
+    sweeps = mutation.choose(table, ["core/sweeps/"])
+    assert sweeps and all(module.startswith(f"{package}/core/sweeps/") for module in sweeps)
     assert mutation.choose(table, ["hydra_plugins"]) == [
         module for module in table.tests if module.startswith("hydra_plugins/")
     ]

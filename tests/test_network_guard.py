@@ -1,4 +1,4 @@
-"""The network guard (repro.guards.network), in this process: inside `offline`, a connection
+"""The network guard (repro.core.guards.network), in this process: inside `offline`, a connection
 to another host, a name lookup and a URL are each refused in one line naming the host and
 why; local sockets and anything outside the block are left alone."""
 
@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from repro.errors import UserError
-from repro.guards.network import NetworkRefusedError, offline
+from repro.core.errors import UserError
+from repro.core.guards.network import NetworkRefusedError, offline
 
 WHY = "the config comes from ckpt=/runs/a"
 

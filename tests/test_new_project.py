@@ -68,7 +68,10 @@ def test_the_package_is_renamed_everywhere(project):
     )
     normalised = NAME.replace("_", "-")  # as uv writes it
     assert f'name = "{normalised}"' in (project / "uv.lock").read_text()
-    assert f"_target_: {NAME}.models" in (project / "conf" / "model" / "small_cnn.yaml").read_text()
+    assert (
+        f"_target_: {NAME}.extras.models"
+        in (project / "conf" / "model" / "small_cnn.yaml").read_text()
+    )
     assert f"python -m {NAME}.train" in (project / "README.md").read_text()
     assert f"{NAME.upper()}_DATA" in (project / "conf" / "data" / "cifar10.yaml").read_text()
     assert "## Reproducibility" in (project / "README.md").read_text()  # only the name changed
@@ -109,7 +112,7 @@ def test_the_new_project_trains_from_its_own_code(project, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert (run_dir / "summary.json").is_file() and not (run_dir / "checkpoints").exists()
     resolved = (run_dir / "resolved_config.yaml").read_text()  # only the new project has NAME
-    assert f"_target_: {NAME}.models.small_cnn.SmallCNN" in resolved
+    assert f"_target_: {NAME}.extras.models.small_cnn.SmallCNN" in resolved
 
 
 @pytest.mark.e2e
@@ -328,7 +331,7 @@ def test_a_project_composes_the_engines_groups_and_its_own_option_wins(lab, tmp_
     assert cfg.data._target_ == f"{LAB}.stripes.stripes" and cfg.data.noise == 0.1
     assert cfg.objective._target_ == f"{LAB}.logit_penalty.LogitPenalty"
     assert cfg.callbacks.confusion._target_ == f"{LAB}.confusion.ConfusionLog"
-    assert cfg.model._target_.startswith(f"{TEMPLATE}.models.") and cfg.amp.mode == "bf16"
+    assert cfg.model._target_.startswith(f"{TEMPLATE}.extras.models.") and cfg.amp.mode == "bf16"
     assert cfg.optimizer.lr == 0.123  # the project's sgd, not the engine's
 
 
@@ -349,7 +352,7 @@ def test_an_experiments_choices_win_over_the_projects_and_the_kit_names_a_droppe
 ):
     from hydra import compose, initialize_config_dir
 
-    from repro.testkit.project import Project
+    from repro.extras.testkit.project import Project
 
     conf = shutil.copytree(lab / "conf", tmp_path / "conf")
     (conf / "experiment" / "plain.yaml").write_text(PLAIN)
@@ -358,15 +361,15 @@ def test_an_experiments_choices_win_over_the_projects_and_the_kit_names_a_droppe
         plain = compose("config", overrides=["experiment=plain"])
         chosen = compose("config", overrides=["experiment=plain", "data=stripes"])
     assert default.data._target_ == f"{LAB}.stripes.stripes" and default.callbacks.confusion
-    assert plain.data._target_ == f"{TEMPLATE}.data.datasets.synthetic"
-    assert plain.objective._target_ == f"{TEMPLATE}.objectives.CrossEntropy"
+    assert plain.data._target_ == f"{TEMPLATE}.core.data.datasets.synthetic"
+    assert plain.objective._target_ == f"{TEMPLATE}.core.tasks.objectives.CrossEntropy"
     assert plain.callbacks.confusion is None and plain.trainer.epochs == 3
     assert chosen.data._target_ == f"{LAB}.stripes.stripes"  # the command line wins over both
     project = Project(conf)
     assert project.dropped_choices("plain") == []
     summary = project.train(tmp_path / "run", "experiment=plain")  # no code of the project's
     resolved = (tmp_path / "run" / "resolved_config.yaml").read_text()
-    assert f"_target_: {TEMPLATE}.data.datasets.synthetic" in resolved
+    assert f"_target_: {TEMPLATE}.core.data.datasets.synthetic" in resolved
     assert f"{LAB}.confusion" not in resolved and summary["weights_sha256"]
 
     # A project that makes its choices in config.yaml (after the engine's list, experiments
@@ -383,7 +386,9 @@ def test_an_experiments_choices_win_over_the_projects_and_the_kit_names_a_droppe
         "objective=cross_entropy (composed: logit_penalty)",
     ]
     assert len(dropped) == 3 and dropped[2].startswith("callbacks.confusion: None (composed: ")
-    from repro.testkit import checks  # the kit's check fails such a project, naming the choice
+    from repro.extras.testkit import (
+        checks,  # the kit's check fails such a project, naming the choice
+    )
 
     with pytest.raises(
         AssertionError,

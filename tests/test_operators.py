@@ -1,11 +1,11 @@
-"""Counting the operators a block makes on the meta device (repro.watch.operators.DeviceOps):
+"""Counting the operators a block makes on the meta device (repro.core.watch.operators.DeviceOps):
 what would be one kernel launch each on a GPU."""
 
 from __future__ import annotations
 
 import torch
 
-from repro.watch.operators import DeviceOps
+from repro.core.watch.operators import DeviceOps
 
 
 def test_each_operator_that_makes_a_tensor_there_counts_once_and_views_not_at_all():

@@ -1,4 +1,4 @@
-"""Optuna searches that survive (repro.search): the study in the sweep folder, continued by the
+"""Optuna searches that survive (repro.extras.search): the study in the sweep folder, continued by the
 same command after a kill; hopeless trials pruned; the objective read from config."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from optuna.trial import TrialState
 
-from repro.errors import ConfigError
-from repro.runs import run_lock
-from repro.search.study import Objective, open_study
+from repro.core.errors import ConfigError
+from repro.core.runs import run_lock
+from repro.extras.search.study import Objective, open_study
 
 from conftest import CONF, IMAGEFOLDER, ROOT, TINY, run_cli
 
@@ -146,7 +146,7 @@ def test_a_second_sweep_on_a_study_in_use_is_refused_in_one_line(tmp_path):
 def test_hydras_sweeper_hands_its_settings_setup_and_sweep_to_the_study_sweeper(monkeypatch):
     """Hydra builds sweepers from hydra_plugins only; ours there forwards every call."""
     from hydra_plugins.repro.study_sweeper import StudySweeper
-    from repro.search import sweeper
+    from repro.extras.search import sweeper
 
     calls = []
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from repro import build
-from repro.files import atomic_path, write_text_atomic
-from repro.runs.fingerprint_log import FingerprintLog
+from repro.core import build
+from repro.core.files import atomic_path, write_text_atomic
+from repro.core.runs.fingerprint_log import FingerprintLog
 
 from conftest import compose_config, read_summary, run_cli, tiny
 
@@ -128,7 +128,7 @@ def _row(step: int, **extra: float) -> dict[str, float]:
 
 
 def test_the_first_divergence_names_its_step_and_both_sides_over_the_common_steps():
-    from repro.runs.fingerprint_log import Row, first_divergence
+    from repro.core.runs.fingerprint_log import Row, first_divergence
 
     a, b = "a" * 48 + "0" * 16, "b" * 48 + "1" * 16
     recorded = [Row(1, "0.5", ""), Row(2, "0.25", a), Row(3, "0.125", "")]
@@ -145,7 +145,7 @@ def test_the_first_divergence_names_its_step_and_both_sides_over_the_common_step
 
 
 def test_a_refused_fingerprint_append_names_the_file(tmp_path):
-    from repro.errors import StorageError
+    from repro.core.errors import StorageError
 
     log = FingerprintLog(tmp_path / "gone" / "fingerprints.csv")  # its folder is not there
     with pytest.raises(StorageError) as refused:
@@ -154,7 +154,7 @@ def test_a_refused_fingerprint_append_names_the_file(tmp_path):
 
 
 def test_a_callback_added_on_resume_adds_its_column_and_one_dropped_leaves_blanks(tmp_path):
-    from repro.watch.loggers import MetricsLog
+    from repro.core.watch.loggers import MetricsLog
 
     MetricsLog(tmp_path, tensorboard=False).row(_row(2))
     resumed = MetricsLog(tmp_path, tensorboard=False)  # a resume with a grad-norm callback

@@ -1,4 +1,4 @@
-"""The `amp` knob (repro.runtime.precision), in this process: which modes a device can run,
+"""The `amp` knob (repro.core.runtime.precision), in this process: which modes a device can run,
 what `auto` picks, the refusal and the warning word for word, the scaler and autocast."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from repro.errors import ConfigError
-from repro.runtime import precision
-from repro.runtime.precision import Precision
+from repro.core.errors import ConfigError
+from repro.core.runtime import precision
+from repro.core.runtime.precision import Precision
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -58,7 +58,7 @@ def test_a_gpu_without_bf16_offers_fp16_only(gpu):
 
 def test_emulated_bf16_is_named_with_the_gpu_and_what_is_faster(gpu, caplog):
     gpu["native"] = False
-    with caplog.at_level(logging.WARNING, logger="repro.runtime.precision"):
+    with caplog.at_level(logging.WARNING, logger="repro.core.runtime.precision"):
         emulated = Precision("bf16", GPU)
     assert emulated.emulated and emulated.device == GPU
     assert caplog.messages == [

@@ -12,9 +12,9 @@ import torch
 from omegaconf import OmegaConf
 
 from repro import evaluate
-from repro.errors import CheckpointError, ConfigError, DataError
+from repro.core.errors import CheckpointError, ConfigError, DataError
+from repro.core.restore import checkpoint_file, output_file, write_result
 from repro.predict import predict_files
-from repro.runs.restore import checkpoint_file, output_file, write_result
 
 from conftest import IMAGEFOLDER, SHAPES, make_image_tree, run_cli, tiny, train_in_process
 
@@ -187,7 +187,7 @@ def fake_run_folder(folder, summary=None, files=("best.pt", "last.pt")):
      (None, ("best.pt", "last.pt"), ("best.pt", "model"))],
 )  # fmt: skip
 def test_a_run_folders_file_and_weights_follow_its_summary(tmp_path, summary, files, chosen):
-    from repro.runs.restore import checkpoint_file
+    from repro.core.restore import checkpoint_file
 
     run_dir = fake_run_folder(tmp_path / "run", summary, files)
     name, weights = chosen
@@ -197,7 +197,7 @@ def test_a_run_folders_file_and_weights_follow_its_summary(tmp_path, summary, fi
 
 
 def test_a_folder_without_checkpoints_is_one_line_naming_what_it_lacks(tmp_path):
-    from repro.runs.restore import checkpoint_file
+    from repro.core.restore import checkpoint_file
 
     run_dir = fake_run_folder(tmp_path / "run", '{"test_weights": "last"}', ("best.pt",))
     with pytest.raises(CheckpointError) as refused:
@@ -206,7 +206,7 @@ def test_a_folder_without_checkpoints_is_one_line_naming_what_it_lacks(tmp_path)
 
 
 def test_the_weights_a_run_tested_are_taken_from_where_its_checkpoint_keeps_them():
-    from repro.runs.restore import _weights
+    from repro.core.restore import _weights
 
     state = {"model": {"w": 1}, "components": {"ema": {"w": 2}}, "ema": {"w": 3}}
     assert _weights(state, "model", Path("c.pt")) == {"w": 1}
@@ -218,7 +218,7 @@ def test_the_weights_a_run_tested_are_taken_from_where_its_checkpoint_keeps_them
 
 
 def test_a_stored_config_builds_no_pretrained_weights_at_any_depth():
-    from repro.runs.restore import without_pretrained_weights
+    from repro.core.restore import without_pretrained_weights
 
     stored = {"model": {"_target_": "timm.create_model", "pretrained": True, "weights": "x",
                         "backbone": {"_target_": "tv.resnet", "weights_backbone": "y", "n": 2},
@@ -233,7 +233,7 @@ def test_a_stored_config_builds_no_pretrained_weights_at_any_depth():
 
 
 def test_a_checkpoint_commands_arguments_are_refused_naming_the_allowed_keys():
-    from repro.runs.restore import arguments, classes_of
+    from repro.core.restore import arguments, classes_of
 
     args = arguments(["ckpt=a.pt", "out=x.csv", "top_k=2"], {"top_k"})
     assert (args.ckpt, args.out, args.top_k) == ("a.pt", "x.csv", 2)
@@ -255,8 +255,8 @@ def test_a_checkpoint_commands_arguments_are_refused_naming_the_allowed_keys():
 def test_restore_refuses_an_unknown_tta_and_runs_fp16_weights_in_full_precision_here(
     trained, tmp_path
 ):
-    from repro.runs import integrity
-    from repro.runs.restore import restore
+    from repro.core.restore import restore
+    from repro.core.runs import integrity
 
     ckpt, _ = trained
     with pytest.raises(ConfigError) as refused:

@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from repro import predict
-from repro.data import synthetic
-from repro.errors import ConfigError, DataError
-from repro.runs import restore
-from repro.runs.trust import UntrustedConfigError
+from repro.core import restore
+from repro.core.data import synthetic
+from repro.core.errors import ConfigError, DataError
+from repro.core.runs.trust import UntrustedConfigError
 
 from conftest import compose_config, tiny, write_checkpoint
 

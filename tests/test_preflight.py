@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from repro.data.datasets import Splits
-from repro.data.sources import TensorImages
-from repro.engine import preflight
-from repro.errors import DataError, UserError
-from repro.models.small_cnn import SmallCNN
+from repro.core.data.datasets import Splits
+from repro.core.data.sources import TensorImages
+from repro.core.engine import preflight
+from repro.core.errors import DataError, UserError
+from repro.extras.models.small_cnn import SmallCNN
 
 
 def splits(labels: list[int], classes: int = 4) -> Splits:

@@ -12,10 +12,10 @@ import timm
 import torch
 from torch.nn import functional
 
-from repro import build
-from repro.errors import ConfigError
+from repro.core import build
+from repro.core.errors import ConfigError
+from repro.core.runs.checkpoint import load
 from repro.evaluate import evaluate_checkpoint
-from repro.runs.checkpoint import load
 
 from conftest import (
     compose_config,
@@ -64,7 +64,7 @@ def test_timm_resnet18_from_a_local_file_gets_a_3_class_head_and_beats_random_we
         "optimizer.lr=0.01", "dataloader=debug", "logger.plot=false", "memory_format=contiguous",
     ]  # fmt: skip
     cfg = compose_config(*common, f"model.pretrained={file}")
-    with caplog.at_level(logging.INFO, logger="repro.models.pretrained"):
+    with caplog.at_level(logging.INFO, logger="repro.extras.models.pretrained"):
         model = build.model(cfg, 0, num_classes=3)
     assert model.get_classifier().out_features == 3
     saved = torch.load(file, weights_only=True)
@@ -92,7 +92,7 @@ def test_the_models_own_normalisation_is_used_recorded_and_overridable(
 ):
     tree = make_image_tree(tmp_path / "images", per_class=4, side=16)
     run_dir = tmp_path / "run"
-    with caplog.at_level(logging.INFO, logger="repro.models.pretrained"):
+    with caplog.at_level(logging.INFO, logger="repro.extras.models.pretrained"):
         summary = train_in_process(
             run_dir, "data=imagefolder", f"data.root={tree}", "data.image_size=16",
             "data.resize=null", "model=timm", "model.name=test_resnet",
@@ -188,7 +188,7 @@ def test_an_unknown_timm_model_ends_in_one_line_and_exit_status_2(tmp_path):
 
 
 def test_a_model_that_wants_larger_images_than_the_data_gets_them_resized():
-    from repro.runtime.seeding import SampleKeys
+    from repro.core.runtime.seeding import SampleKeys
 
     cfg = compose_config()  # the synthetic 32-px images, data.resize null
     norm = {**build.normalisation(cfg), "image_size": 48}  # e.g. a pretrained model's own size

@@ -1,4 +1,4 @@
-"""Pretrained backbones' builders in-process (repro.models.pretrained), on timm's tiny test
+"""Pretrained backbones' builders in-process (repro.extras.models.pretrained), on timm's tiny test
 models and weights files made here: the head, the normalisation, each refusal's words."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from repro.errors import ConfigError
-from repro.models import pretrained
+from repro.core.errors import ConfigError
+from repro.extras.models import pretrained
 
 NAME = "test_resnet"  # timm's own tiny model for tests
 

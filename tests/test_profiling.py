@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 import torch
 
-from repro import config
-from repro.engine.position import Position
-from repro.errors import ConfigError
-from repro.watch.profiling import StepProfiler
+from repro.core import config
+from repro.core.errors import ConfigError
+from repro.core.runs.position import Position
+from repro.core.watch.profiling import StepProfiler
 
 from conftest import compose_config, tiny, train_in_process
 

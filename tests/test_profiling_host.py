@@ -3,7 +3,7 @@ with the most self CPU time (what the host does while a GPU waits for its next b
 
 from __future__ import annotations
 
-from repro.watch.profiling import HOST_ROWS
+from repro.core.watch.profiling import HOST_ROWS
 
 from conftest import tiny, train_in_process
 

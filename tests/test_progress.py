@@ -1,4 +1,4 @@
-"""The progress bar (repro.watch.progress): where it is drawn, what it counts, and that a bar
+"""The progress bar (repro.core.runtime.progress): where it is drawn, what it counts, and that a bar
 not drawn costs the loop nothing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import rich
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-from repro.watch.progress import TrainingBar, progress_bar
+from repro.core.runtime.progress import TrainingBar, progress_bar
 
 
 class Stdout:

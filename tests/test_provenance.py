@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.data import fingerprint
-from repro.data.datasets import Splits
-from repro.data.sources import ImageFiles, TensorImages
-from repro.runtime import environment
+from repro.core.data import fingerprint
+from repro.core.data.datasets import Splits
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.runtime import environment
 
 # ---- the machine and the libraries ---------------------------------------------------------
 

@@ -26,12 +26,12 @@ import pytest
 import torch
 import yaml
 
+from repro.core.guards import received
+from repro.core.watch import trackers
 from repro.evaluate import main as evaluate_main
 from repro.export.command import main as export_main
-from repro.guards import received
 from repro.resume import command as resume
 from repro.verify import command as verify
-from repro.watch import trackers
 
 from conftest import ROOT, tiny, train_in_process
 
@@ -267,8 +267,8 @@ def png_header_only(width: int, height: int) -> bytes:
 def test_an_image_asking_for_billions_of_pixels_is_refused_before_decoding(tmp_path, suffix):
     from PIL import Image
 
-    from repro.data.sources import decode_file
-    from repro.errors import DataError
+    from repro.core.data.sources import decode_file
+    from repro.core.errors import DataError
 
     path = tmp_path / f"bomb{suffix}"
     if suffix == ".png":
@@ -285,7 +285,7 @@ def test_an_image_asking_for_billions_of_pixels_is_refused_before_decoding(tmp_p
 def test_a_small_image_decodes_as_before(tmp_path):
     from PIL import Image
 
-    from repro.data.sources import decode_file
+    from repro.core.data.sources import decode_file
 
     Image.new("RGB", (7, 5), (10, 20, 30)).save(tmp_path / "small.png")
     pixels = decode_file(tmp_path / "small.png")
@@ -391,7 +391,7 @@ def test_shape_caps_count_a_shared_value_at_each_use():
     ],
 )
 def test_a_checkpoint_of_the_wrong_layout_is_one_line(trained, tmp_path, edit, said, capsys):
-    from repro.runs import checkpoint
+    from repro.core.runs import checkpoint
 
     state = checkpoint.load(trained / "checkpoints" / "last.pt")
     edit(state)
@@ -405,7 +405,7 @@ def test_a_checkpoint_of_the_wrong_layout_is_one_line(trained, tmp_path, edit, s
 
 @pytest.mark.parametrize("planted", ["symlink", "hard link", "fifo"])
 def test_a_file_written_in_place_is_never_written_through_a_planted_link(tmp_path, planted):
-    from repro.files import open_in_place
+    from repro.core.files import open_in_place
 
     outside = tmp_path / "outside.txt"
     outside.write_text("the user's own file\n")

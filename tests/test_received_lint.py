@@ -11,21 +11,22 @@ import ast
 from conftest import ROOT
 
 SOURCES = ROOT / "src" / "repro"
-BOUNDARY = "guards/received.py"
+BOUNDARY = "core/guards/received.py"
 
 # module -> how many reads it makes outside the boundary, and why each reads only what this
 # checkout or this machine made (never a received folder, checkpoint, dataset or shard). The
 # count is exact: a read added to one of these modules must be argued for here too.
 OWN_FILES = {
-    "runtime/environment.py": (2, "this machine's /proc/cpuinfo and this checkout's uv.lock"),
-    "runs/run_lock.py": (1, "this machine's /proc/self/mountinfo"),
-    "runs/trust.py": (2, "the trusted YAML of this checkout's conf/ (git ls-files)"),
+    "core/runtime/environment.py": (2, "this machine's /proc/cpuinfo and this checkout's uv.lock"),
+    "core/runs/run_lock.py": (1, "this machine's /proc/self/mountinfo"),
+    "core/runs/trust.py": (2, "the trusted YAML of this checkout's conf/ (git ls-files)"),
     "manual/command.py": (2, "the docs installed with the engine"),
     "verify/upgrade.py": (2, "the user's own project's pyproject.toml, read and rewritten"),
     "verify/explain.py": (2, "the user's own project's pyproject.toml and README"),
-    "testkit/project.py": (1, "the user's own project's conf/experiment/*.yaml"),
-    "testkit/runs.py": (2, "the kit's own scratch runs, made by this test session"),
-    "testkit/checks.py": (1, "the kit's own scratch runs, made by this test session"),
+    "verify/imports.py": (2, "the engine's own api source, the user's own project's src/*.py"),
+    "extras/testkit/project.py": (1, "the user's own project's conf/experiment/*.yaml"),
+    "extras/testkit/runs.py": (2, "the kit's own scratch runs, made by this test session"),
+    "extras/testkit/checks.py": (1, "the kit's own scratch runs, made by this test session"),
 }
 
 READERS = {"read_text", "read_bytes"}

@@ -1,4 +1,4 @@
-"""The boundary itself (repro.guards.received), in-process on files made here: each check of
+"""The boundary itself (repro.core.guards.received), in-process on files made here: each check of
 a received file, each parser's caps, the image header readers, and the words of every refusal.
 test_received_boundary.py has the entry points refusing such files."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from repro.guards import received
-from repro.guards.received import ReceivedFileError
+from repro.core.guards import received
+from repro.core.guards.received import ReceivedFileError
 
 
 def open_descriptors() -> int:

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro import tasks
-from repro.engine.evaluation import predict
-from repro.engine.position import Position
-from repro.engine.schedules import warmup_linear
-from repro.errors import ConfigError
-from repro.recipes.schedules import triangle
-from repro.recipes.whitened_cnn import WhitenBiasFreeze, WhitenedCNN
-from repro.runs.checkpoint import load
+from repro.core import tasks
+from repro.core.engine.evaluation import predict
+from repro.core.engine.schedules import warmup_linear
+from repro.core.errors import ConfigError
+from repro.core.runs.checkpoint import load
+from repro.core.runs.position import Position
+from repro.extras.recipes.schedules import triangle
+from repro.extras.recipes.whitened_cnn import WhitenBiasFreeze, WhitenedCNN
 
 from conftest import compose_config, train_in_process
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro import build
-from repro.runtime.precision import Precision
+from repro.core import build
+from repro.core.runtime.precision import Precision
 
 from conftest import compose_config, train_in_process
 
@@ -43,7 +43,7 @@ def test_the_airbench_recipe_runs_end_to_end(tmp_path):
     )  # fmt: skip
     lookahead = cfg.components.lookahead
     assert (lookahead._target_, lookahead.every, lookahead.ramp) == (
-        "repro.recipes.lookahead.Lookahead", 5, "cubic",
+        "repro.extras.recipes.lookahead.Lookahead", 5, "cubic",
     )  # fmt: skip
     groups = build.optimizer(cfg, build.model(cfg, 0), Precision("bf16", torch.device("cpu")))
     assert [group["lr"] for group in groups.param_groups] == [1.5, 1.5 * 64]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from repro.recipes.layers import GlobalMaxPool, Scale
-from repro.recipes.resnet9 import ResNet9
-from repro.recipes.whitened_cnn import WhitenedCNN
+from repro.extras.recipes.layers import GlobalMaxPool, Scale
+from repro.extras.recipes.resnet9 import ResNet9
+from repro.extras.recipes.whitened_cnn import WhitenedCNN
 
 
 def test_the_global_max_pool_sends_each_gradient_to_one_maximum_among_ties():

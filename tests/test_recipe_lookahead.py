@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from repro.errors import ConfigError
-from repro.recipes.lookahead import Lookahead
-from repro.runs import resume
-from repro.runs.checkpoint import load
+from repro.core.errors import ConfigError
+from repro.core.runs import resume
+from repro.core.runs.checkpoint import load
+from repro.extras.recipes.lookahead import Lookahead
 
 from conftest import tiny, train_in_process
 
@@ -66,7 +66,7 @@ def test_the_cubic_ramp_grows_from_no_pull_to_the_decay():
     assert Lookahead(model(), 100, every=5, decay=0.8, ramp="constant").decay_at(50) == 0.8
 
 
-TARGET = "repro.recipes.lookahead.Lookahead"
+TARGET = "repro.extras.recipes.lookahead.Lookahead"
 LOOKAHEAD = (f"+components.lookahead._target_={TARGET}", "+components.lookahead.every=4",
              "+components.lookahead.ramp=cubic")  # fmt: skip
 RUN = tiny("trainer.epochs=2", *LOOKAHEAD)
@@ -110,7 +110,7 @@ def test_a_config_recorded_with_the_old_trainer_keys_reads_as_the_component():
         "lookahead": {"_target_": TARGET, "every": 5, "decay": 0.7, "ramp": "cubic"}
     }
     assert upgraded["trainer"] == {"epochs": 2}
-    assert upgraded["model"]["_target_"] == "repro.recipes.resnet9.ResNet9"
+    assert upgraded["model"]["_target_"] == "repro.extras.recipes.resnet9.ResNet9"
     off = resume.upgrade({"trainer": {"lookahead_every": None, "lookahead_decay": 0.5}})
     assert off == {"trainer": {}, "objective": off["objective"]} and "components" not in off
 
@@ -121,7 +121,7 @@ def test_a_checkpoint_from_before_components_resumes_its_lookahead(tmp_path):
     written = Lookahead(net, 10, every=3)
     train_a_little(net)
     written.pull(3)
-    from repro.callbacks import Callbacks
+    from repro.core.watch.callbacks import Callbacks
 
     fresh = Lookahead(model(), 10, every=3)
     Callbacks(components={"lookahead": fresh}).load_components({"lookahead": written.state_dict()})

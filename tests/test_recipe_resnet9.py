@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from repro.recipes.layers import Scale
-from repro.recipes.resnet9 import Residual, ResNet9
+from repro.extras.recipes.layers import Scale
+from repro.extras.recipes.resnet9 import Residual, ResNet9
 from test_models import conv, spec
 
 

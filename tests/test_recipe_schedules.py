@@ -1,4 +1,4 @@
-"""airbench's triangular schedule (repro.recipes.schedules), factor by factor: its defaults,
+"""airbench's triangular schedule (repro.extras.recipes.schedules), factor by factor: its defaults,
 its edges and the values it refuses."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.recipes.schedules import triangle, triangle_factor
+from repro.extras.recipes.schedules import triangle, triangle_factor
 
 
 def _optimizer() -> torch.optim.Optimizer:

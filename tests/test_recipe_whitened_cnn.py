@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro import build
-from repro.data.datasets import Splits
-from repro.data.sources import TensorImages
-from repro.errors import ConfigError
-from repro.recipes.whitened_cnn import PatchWhitening, WhitenedCNN
-from repro.runs.checkpoint import load
-from repro.runtime.seeding import torch_generator
+from repro.core import build
+from repro.core.data.datasets import Splits
+from repro.core.data.sources import TensorImages
+from repro.core.errors import ConfigError
+from repro.core.runs.checkpoint import load
+from repro.core.runtime.seeding import torch_generator
+from repro.extras.recipes.whitened_cnn import PatchWhitening, WhitenedCNN
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -141,7 +141,7 @@ def test_the_whitening_filters_are_the_scaled_eigenvectors_largest_first_and_the
 
 
 def test_a_3x3_conv_starts_as_the_identity_on_its_first_channels():
-    from repro.recipes.whitened_cnn import conv
+    from repro.extras.recipes.whitened_cnn import conv
 
     layer = conv(3, 5)
     assert layer.bias is None and layer.padding == (1, 1) and layer.weight.shape == (5, 3, 3, 3)
@@ -152,7 +152,7 @@ def test_a_3x3_conv_starts_as_the_identity_on_its_first_channels():
 
 
 def test_a_batch_norm_learns_its_shift_only():
-    from repro.recipes.whitened_cnn import norm
+    from repro.extras.recipes.whitened_cnn import norm
 
     layer = norm(6, momentum=0.3)
     assert not layer.weight.requires_grad and layer.bias.requires_grad
@@ -160,8 +160,8 @@ def test_a_batch_norm_learns_its_shift_only():
 
 
 def test_the_network_is_whitening_three_groups_and_a_scaled_linear_head():
-    from repro.recipes.layers import GlobalMaxPool, Scale
-    from repro.recipes.whitened_cnn import ConvGroup
+    from repro.extras.recipes.layers import GlobalMaxPool, Scale
+    from repro.extras.recipes.whitened_cnn import ConvGroup
 
     model = WhitenedCNN(num_classes=4, widths=(8, 16, 12), bn_momentum=0.2, scale=0.5, fit_images=9)
     kinds = [type(layer) for layer in model]
@@ -194,7 +194,7 @@ def test_the_networks_defaults_are_airbenchs():
 
 @pytest.mark.parametrize("epochs", [True, -1, 2.5, "3"])
 def test_freezing_after_a_number_of_epochs_needs_a_whole_number(epochs):
-    from repro.recipes.whitened_cnn import WhitenBiasFreeze
+    from repro.extras.recipes.whitened_cnn import WhitenBiasFreeze
 
     with pytest.raises(ValueError) as refused:
         WhitenBiasFreeze(WhitenedCNN(widths=(8, 8, 8)), 10, epochs)
@@ -204,7 +204,7 @@ def test_freezing_after_a_number_of_epochs_needs_a_whole_number(epochs):
 def test_the_whitening_bias_trains_for_its_first_epochs_then_freezes():
     from types import SimpleNamespace
 
-    from repro.recipes.whitened_cnn import WhitenBiasFreeze
+    from repro.extras.recipes.whitened_cnn import WhitenBiasFreeze
 
     model = WhitenedCNN(widths=(8, 8, 8))
     bias = model[0].bias

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from repro import report
-from repro.sweeps import render
-from repro.sweeps.report import build as report_of
+from repro.core.sweeps import render
+from repro.core.sweeps.report import build as report_of
 
 
 def _sweep(folder, jobs: int = 2):

@@ -11,12 +11,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from repro import build
-from repro.errors import CheckpointError, ConfigError
-from repro.objectives import CrossEntropy
-from repro.runs import restore
-from repro.runs.checkpoint import atomic_save
-from repro.runs.trust import UntrustedConfigError
+from repro.core import build, restore
+from repro.core.errors import CheckpointError, ConfigError
+from repro.core.runs.checkpoint import atomic_save
+from repro.core.runs.trust import UntrustedConfigError
+from repro.core.tasks.objectives import CrossEntropy
 
 from conftest import compose_config, tiny, write_checkpoint
 
@@ -285,8 +284,8 @@ def test_a_result_is_written_with_its_folders_and_a_refusing_disk_is_one_line(tm
 
 
 def test_a_restored_run_loads_a_split_in_its_order_in_batches_of_the_size_asked(stored, tmp_path):
-    from repro.data.loader import Batches
-    from repro.data.sources import TensorImages
+    from repro.core.data.loader import Batches
+    from repro.core.data.sources import TensorImages
 
     file = tmp_path / "last.pt"
     save(file, stored)

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from repro.errors import CheckpointError
+from repro.core.errors import CheckpointError
 
 from conftest import (
     IMAGEFOLDER,
@@ -89,7 +89,7 @@ def test_an_inferred_class_count_is_recorded_but_stays_out_of_the_config(tree, t
 @pytest.mark.slow  # older checkpoints; the halted-run resumes above stay in make test
 def test_a_checkpoint_that_stored_the_inferred_count_still_resumes(tree, tmp_path):
     """Checkpoints written before the fix hold data.num_classes=3 in their config."""
-    from repro.runs import checkpoint
+    from repro.core.runs import checkpoint
 
     overrides = [*FOLDER, f"data.root={tree}"]
     straight = train_in_process(tmp_path / "straight", *overrides)

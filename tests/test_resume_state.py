@@ -4,12 +4,13 @@ exercises: the global generators (dropout) and the fp16 loss scaler."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import pytest
 import torch
 
-from repro.runs import checkpoint
-from repro.runtime import precision
+from repro.core.runs import checkpoint
+from repro.core.runtime import precision
 
 from conftest import compose_config, tiny, train_in_process
 
@@ -74,8 +75,37 @@ def test_fp16_on_cpu_is_still_refused_without_the_test_switch():
 # ---- runs/resume.py's units: which checkpoint, and whether the config still matches it -------
 
 
+def test_targets_recorded_before_the_tiers_became_folders_read_under_todays_names():
+    from repro.core.runs import resume
+
+    old = {
+        "data": {"_target_": "repro.data.datasets.imagefolder", "root": "x"},
+        "model": {"_target_": "repro.models.small_cnn.SmallCNN"},
+        "objective": {"_target_": "repro.multilabel.objective.MultilabelBCE"},
+        "components": {"ema": {"_target_": "repro.components.ema.WeightAverage"}},
+        "metrics": {"f1": {"_target_": "torchmetrics.F1Score"}},
+        "callbacks": {
+            "mine": {
+                "_target_": "repro_lab.confusion.Log",
+                "deep": [{"_target_": "repro.watch.x.Y"}],
+            }
+        },
+    }
+    upgraded = resume.upgrade(old)
+    assert upgraded["data"] == {"_target_": "repro.core.data.datasets.imagefolder", "root": "x"}
+    assert upgraded["model"]["_target_"] == "repro.extras.models.small_cnn.SmallCNN"
+    assert upgraded["objective"]["_target_"] == "repro.extras.multilabel.objective.MultilabelBCE"
+    assert upgraded["components"]["ema"]["_target_"] == resume.AVERAGE
+    assert upgraded["metrics"]["f1"]["_target_"] == "torchmetrics.F1Score"  # not ours: as it was
+    mine = upgraded["callbacks"]["mine"]
+    assert mine["_target_"] == "repro_lab.confusion.Log"  # a package whose name starts alike
+    assert mine["deep"] == [{"_target_": "repro.core.watch.x.Y"}]  # nested in a list too
+    for old_name, new_name in resume.RELOCATED.items():  # every new name is a module today
+        assert importlib.util.find_spec(new_name) is not None, (old_name, new_name)
+
+
 def test_an_old_records_layout_is_upgraded_to_todays_and_the_record_left_alone():
-    from repro.runs import resume
+    from repro.core.runs import resume
 
     old = {"data": {"name": "synthetic", "n": 1},
            "trainer": {"label_smoothing": 0.1, "ema_decay": 0.99, "lookahead_every": 5,
@@ -84,9 +114,9 @@ def test_an_old_records_layout_is_upgraded_to_todays_and_the_record_left_alone()
            "components": {"mine": {"_target_": "x.Y"}}}  # fmt: skip
     kept = copy.deepcopy(old)
     assert resume.upgrade(old) == {
-        "data": {"_target_": "repro.data.datasets.synthetic", "n": 1},
+        "data": {"_target_": "repro.core.data.datasets.synthetic", "n": 1},
         "trainer": {"epochs": 2},
-        "model": {"_target_": "repro.recipes.resnet9.ResNet9"},
+        "model": {"_target_": "repro.extras.recipes.resnet9.ResNet9"},
         "objective": {"_target_": resume.DEFAULT_OBJECTIVE, "label_smoothing": 0.1},
         "components": {
             "ema": {"_target_": resume.AVERAGE, "decay": 0.99},
@@ -117,7 +147,7 @@ def test_an_old_records_layout_is_upgraded_to_todays_and_the_record_left_alone()
 def test_a_config_recorded_before_a_key_existed_gets_its_declared_value():
     from omegaconf import OmegaConf
 
-    from repro.runs import resume
+    from repro.core.runs import resume
 
     key, value = next(iter(resume.DECLARED.items()))
     section = key.rsplit(".", 1)[0]
@@ -134,8 +164,8 @@ def test_a_config_recorded_before_a_key_existed_gets_its_declared_value():
 
 
 def test_the_checkpoint_to_resume_from_and_what_the_attempt_records_of_it(tmp_path):
-    from repro.runs import resume
-    from repro.runs.checkpoint import Checkpointer
+    from repro.core.runs import resume
+    from repro.core.runs.checkpoint import Checkpointer
 
     run_dir = tmp_path / "run"
     train_in_process(run_dir, *tiny("trainer.epochs=1"))
@@ -167,7 +197,7 @@ def test_the_checkpoint_to_resume_from_and_what_the_attempt_records_of_it(tmp_pa
 def test_a_fixed_seed_must_be_the_checkpoints_and_a_run_cannot_be_shortened():
     from omegaconf import OmegaConf
 
-    from repro.runs import resume
+    from repro.core.runs import resume
 
     state = {"root_seed": 3, "position": {"step": "12"}}
     resume.check_seed(state, OmegaConf.create({"mode": "fixed", "value": 3}))
@@ -190,7 +220,7 @@ def test_a_fixed_seed_must_be_the_checkpoints_and_a_run_cannot_be_shortened():
 def test_a_machine_that_resolves_the_config_otherwise_is_refused_naming_each_setting():
     from omegaconf import OmegaConf
 
-    from repro.runs import resume
+    from repro.core.runs import resume
 
     cfg = compose_config(*tiny())
     state = {"config": OmegaConf.to_container(cfg, resolve=True),
@@ -223,7 +253,7 @@ def test_a_machine_that_resolves_the_config_otherwise_is_refused_naming_each_set
 def test_the_data_must_be_the_one_the_checkpoint_trained_on():
     from types import SimpleNamespace
 
-    from repro.runs import resume
+    from repro.core.runs import resume
 
     class Split(list):
         def __init__(self, n, digest=None):
@@ -271,7 +301,7 @@ def test_the_data_must_be_the_one_the_checkpoint_trained_on():
 def test_a_class_count_left_to_the_data_matches_the_count_a_checkpoint_stored():
     from omegaconf import OmegaConf
 
-    from repro.runs import checkpoint, resume
+    from repro.core.runs import checkpoint, resume
 
     cfg = compose_config(*tiny())
     saved = OmegaConf.to_container(cfg, resolve=True)
@@ -292,9 +322,9 @@ def test_a_class_count_left_to_the_data_matches_the_count_a_checkpoint_stored():
 
 
 def test_truncating_the_logs_starts_no_tensorboard_writer(tmp_path):
-    from repro.runs import resume
+    from repro.core.watch import loggers
 
     (tmp_path / "metrics.csv").write_text("step,loss\n1,2.0\n2,1.0\n")
-    resume.truncate_logs(tmp_path, 1)
+    loggers.truncate_logs(tmp_path, 1)
     assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1,2.0\n"
     assert not (tmp_path / "tb").exists()

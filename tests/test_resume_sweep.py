@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.errors import UserError
+from repro.core.errors import UserError
 from repro.resume import command as resume
 
 from conftest import TINY, read_summary, run_cli, train_in_process
@@ -217,7 +217,7 @@ def test_the_relaunch_runs_repro_train_with_the_checked_arguments_in_this_folder
 ):
     from types import SimpleNamespace
 
-    from repro.resume.overrides import Relaunch
+    from repro.core.overrides import Relaunch
 
     ran = []
 
@@ -451,7 +451,7 @@ def test_an_attempt_without_an_environment_takes_the_summarys_and_no_record_is_n
 
 
 def test_environment_changes_list_each_difference_from_this_checkout_once(tmp_path, monkeypatch):
-    from repro.runtime import environment
+    from repro.core.runtime import environment
 
     # A checkout with local changes: the recorded patch is compared with this one.
     monkeypatch.setattr(environment, "source_patch", lambda *_: "local changes")
@@ -500,8 +500,8 @@ def test_a_sweep_record_that_cannot_be_resumed_is_one_line_saying_why(tmp_path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from repro.errors import DataError
-    from repro.runs.trust import UntrustedConfigError
+    from repro.core.errors import DataError
+    from repro.core.runs.trust import UntrustedConfigError
 
     record = tmp_path / "multirun.yaml"
     optuna = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
@@ -598,7 +598,7 @@ def test_a_failed_relaunch_or_a_finished_sweep_gets_its_report_written(
 
 
 def test_a_sweeps_params_that_name_code_run_only_when_trusted(tmp_path, relaunched):
-    from repro.runs.trust import UntrustedConfigError
+    from repro.core.runs.trust import UntrustedConfigError
 
     sweep = tmp_path / "sweep"
     params = {"+model.note._target_": "os.getcwd"}
@@ -618,7 +618,7 @@ def test_a_sweeps_params_that_name_code_run_only_when_trusted(tmp_path, relaunch
 
 
 def test_a_sweep_whose_first_job_does_not_compose_is_one_line(tmp_path, relaunched):
-    from repro.errors import DataError
+    from repro.core.errors import DataError
 
     sweep = tmp_path / "sweep"
     fake_sweep(sweep, ["model=no_such_model,small_cnn"], {})
@@ -678,8 +678,8 @@ def test_a_record_failing_without_a_message_is_named_by_its_error(tmp_path, monk
 
 
 def test_a_runs_record_is_checked_naming_the_file_it_came_from(tmp_path, relaunched):
-    from repro.errors import DataError
-    from repro.runs.trust import UntrustedConfigError
+    from repro.core.errors import DataError
+    from repro.core.runs.trust import UntrustedConfigError
 
     # No attempts.jsonl (an older run): the command line Hydra recorded.
     old = tmp_path / "old"
@@ -705,7 +705,7 @@ def test_the_relaunch_keeps_this_environment_and_flushes_its_line_before_the_chi
 ):
     import io
 
-    from repro.resume.overrides import Relaunch
+    from repro.core.overrides import Relaunch
 
     class Recording(io.StringIO):
         flushed = ""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.runs import run_lock
+from repro.core.runs import run_lock
 
 from conftest import ROOT, read_summary, run_cli, tiny
 
@@ -178,7 +178,7 @@ def held_by_another_process(run_dir: Path, text: str) -> subprocess.Popen:
      ("[1]", "pid not yet recorded"), ("", "pid not yet recorded")],
 )  # fmt: skip
 def test_a_folder_another_process_holds_is_refused_naming_the_owner(tmp_path, text, said):
-    from repro.runtime.distributed import Context
+    from repro.core.runtime.distributed import Context
 
     run_dir = tmp_path / "run"
     owner = held_by_another_process(run_dir, text)
@@ -212,7 +212,7 @@ def test_a_file_system_that_cannot_lock_lets_the_run_go_on_with_a_warning(
 
     monkeypatch.setattr(run_lock.fcntl, "flock", refuse)
     assert run_lock.try_claim(tmp_path) is None
-    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.run_lock"]
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.core.runs.run_lock"]
     assert said == (
         f"{tmp_path}: this file system cannot lock files ({os.strerror(errno.ENOLCK)}); a second "
         "launch into this folder would not be refused"
@@ -231,7 +231,7 @@ def test_a_claim_on_nfs_without_shared_locks_warns_that_other_nodes_are_not_refu
         assert run_lock.try_claim(tmp_path) is None
     finally:
         run_lock.release(tmp_path)
-    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.run_lock"]
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.core.runs.run_lock"]
     assert said == (
         f"{tmp_path} is on NFS mounted with local_lock=all: its lock is seen on this host only, "
         "so a launch into it from another node would not be refused"
@@ -239,7 +239,7 @@ def test_a_claim_on_nfs_without_shared_locks_warns_that_other_nodes_are_not_refu
 
 
 def test_only_rank_0_claims_and_every_rank_hears_its_answer(tmp_path, monkeypatch):
-    from repro.runtime.distributed import Context
+    from repro.core.runtime.distributed import Context
 
     told = []
 

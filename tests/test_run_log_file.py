@@ -1,4 +1,4 @@
-"""train.log's handler (repro.watch.logfile.RunLogFile): a file system that refuses its lines
+"""train.log's handler (repro.core.watch.logfile.RunLogFile): a file system that refuses its lines
 costs one warning on the console, not a traceback a line; any other error is logging's own."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 
-from repro.watch.logfile import RunLogFile
+from repro.core.watch.logfile import RunLogFile
 
 
 class Refusing:

@@ -1,4 +1,4 @@
-"""Numbers about a run (repro.watch.metrics): the weights hash as docs/exactness.md defines
+"""Numbers about a run (repro.core.watch.metrics): the weights hash as docs/exactness.md defines
 it, and the throughput and data-wait accounting."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from repro.watch import metrics
-from repro.watch.metrics import Throughput, host_bytes, weights_sha256
+from repro.core.watch import metrics
+from repro.core.watch.metrics import Throughput, host_bytes, weights_sha256
 
 
 def _by_hand(model: nn.Module) -> str:

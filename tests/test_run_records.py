@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.runs.history import DIED
+from repro.core.runs.history import DIED
 
 from conftest import read_summary, run_cli, tiny
 
@@ -132,7 +132,7 @@ def test_a_killed_attempt_is_marked_died_by_the_resume_which_is_recorded(tmp_pat
 @pytest.fixture
 def recorded(monkeypatch):
     """A history whose commit, source patch and command line are fixed by the test."""
-    from repro.runs import history
+    from repro.core.runs import history
 
     monkeypatch.setattr(history.environment, "git_commit", lambda: "c0ffee")
     monkeypatch.setattr(history.environment, "source_patch", lambda: None)
@@ -216,7 +216,7 @@ def test_a_refused_failure_record_is_a_warning_not_a_second_error(
 ):
     from omegaconf import OmegaConf
 
-    from repro.errors import StorageError
+    from repro.core.errors import StorageError
 
     history = recorded.RunHistory(tmp_path)
     history.begin(OmegaConf.create({}), 0, {}, {})
@@ -226,13 +226,13 @@ def test_a_refused_failure_record_is_a_warning_not_a_second_error(
 
     monkeypatch.setattr(recorded, "write_text_atomic", full)
     history.fail(RuntimeError("boom"), 2)  # no exception: the caller raises `boom`
-    (warning,) = [r for r in caplog.records if r.name == "repro.runs.history"]
+    (warning,) = [r for r in caplog.records if r.name == "repro.core.runs.history"]
     assert warning.getMessage().endswith(": the attempt's line still says running")
     assert "No space left on device" in warning.getMessage()
 
 
 def test_hydra_writes_its_record_only_into_a_folder_no_attempt_trained_in(recorded, tmp_path):
-    from repro.runs import run_lock
+    from repro.core.runs import run_lock
 
     fresh = tmp_path / "fresh"
     assert recorded.record_subdir(str(fresh)) == ".hydra"
@@ -258,7 +258,7 @@ def test_hydra_writes_its_record_only_into_a_folder_no_attempt_trained_in(record
 def test_a_folder_is_complete_only_with_a_completed_summary_of_exactly_the_steps(
     tmp_path, summary, checkpoint_step, complete
 ):
-    from repro.runs.history import already_complete
+    from repro.core.runs.history import already_complete
 
     if summary is not None:
         (tmp_path / "summary.json").write_text(json.dumps(summary))
@@ -266,7 +266,7 @@ def test_a_folder_is_complete_only_with_a_completed_summary_of_exactly_the_steps
 
 
 def test_an_output_folder_that_cannot_be_written_is_one_line_naming_the_key(tmp_path, capsys):
-    from repro.runs.history import check_writable
+    from repro.core.runs.history import check_writable
 
     check_writable(tmp_path / "new" / "deep", "hydra.run.dir")  # made, probed, left empty
     assert list((tmp_path / "new" / "deep").iterdir()) == []
@@ -290,7 +290,7 @@ def test_the_command_line_recorded_is_the_typed_one_else_this_processs(monkeypat
     import sys
     from types import SimpleNamespace
 
-    from repro.runs import history
+    from repro.core.runs import history
 
     monkeypatch.setenv(history.COMMAND_VARIABLE, "python -m repro.train -m seed=0,1")
     assert history._command_line() == "python -m repro.train -m seed=0,1"
@@ -309,7 +309,7 @@ def test_the_command_line_recorded_is_the_typed_one_else_this_processs(monkeypat
 def test_hydras_callback_checks_the_run_and_sweep_folders_before_it_writes(tmp_path, capsys):
     from omegaconf import OmegaConf
 
-    from repro.runs.history import OutputFolderCheck
+    from repro.core.runs.history import OutputFolderCheck
 
     check = OutputFolderCheck()
     config = OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "run")},
@@ -373,7 +373,7 @@ def test_a_disk_too_full_for_the_reserve_still_records_the_attempt_and_its_end(
 def test_an_existing_output_folder_passes_and_an_error_without_words_is_named_by_type(
     tmp_path, capsys
 ):
-    from repro.runs import history
+    from repro.core.runs import history
 
     history.check_writable(tmp_path, "hydra.run.dir")
     history.check_writable(tmp_path, "hydra.run.dir")  # again: it exists already
@@ -391,7 +391,7 @@ def test_an_existing_output_folder_passes_and_an_error_without_words_is_named_by
 
 
 def test_hydra_writes_its_record_where_the_folder_cannot_even_be_claimed(tmp_path):
-    from repro.runs import history
+    from repro.core.runs import history
 
     (tmp_path / "file").write_text("")
     assert history.record_subdir(str(tmp_path / "file" / "run")) == ".hydra"  # training refuses

@@ -1,4 +1,4 @@
-"""Which images each batch holds (repro.data.samplers), checked against the rules the
+"""Which images each batch holds (repro.core.data.samplers), checked against the rules the
 docstrings state, written out again here: the epoch's order from (seed, epoch) alone, each
 rank's slice of a global batch, a start from any batch, evaluation in stored order."""
 
@@ -8,8 +8,8 @@ import itertools
 
 import torch
 
-from repro.data.samplers import EpochBatches, EvalBatches
-from repro.runtime.seeding import torch_generator
+from repro.core.data.samplers import EpochBatches, EvalBatches
+from repro.core.runtime.seeding import torch_generator
 
 
 def _shuffled(size: int, seed: int, epoch: int) -> list[int]:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from repro.engine import schedules
+from repro.core.engine import schedules
 
 from conftest import tiny, train_in_process
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from repro import build, callbacks
-from repro.engine.evaluation import Predictions
-from repro.errors import CheckpointError, ConfigError
-from repro.objectives import Checked, CrossEntropy, Targets, batch_means, batch_sums
-from repro.objectives import checked as objectives_checked
-from repro.runs import resume, trust
+from repro.core import build
+from repro.core.engine.evaluation import Predictions
+from repro.core.errors import CheckpointError, ConfigError
+from repro.core.runs import resume, trust
+from repro.core.tasks.objectives import Checked, CrossEntropy, Targets, batch_means, batch_sums
+from repro.core.tasks.objectives import checked as objectives_checked
+from repro.core.watch import callbacks
 
 from conftest import StepCounter, compose_config, tiny
 
@@ -97,9 +98,11 @@ def test_a_checkpoint_from_before_data_builders_resumes_on_the_same_builder():
 def test_an_old_layouts_dataset_name_cannot_smuggle_in_a_target():
     stored = {
         "data": {"name": "Path.touch"},
-        "model": {"_target_": "repro.models.small_cnn.SmallCNN"},
+        "model": {"_target_": "repro.extras.models.small_cnn.SmallCNN"},
     }
-    with pytest.raises(trust.UntrustedConfigError, match=r"repro\.data\.datasets\.Path\.touch"):
+    with pytest.raises(
+        trust.UntrustedConfigError, match=r"repro\.core\.data\.datasets\.Path\.touch"
+    ):
         trust.check(resume.upgrade(stored), "ckpt")  # as restore and verify check it
 
 
@@ -141,7 +144,7 @@ def test_callbacks_are_dispatched_by_method_and_their_state_round_trips(caplog):
     assert fresh.named["count"].steps == 3
     with caplog.at_level("INFO"):
         callbacks.Callbacks({"other": StepCounter()}).load_state_dict(state)
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.callbacks"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.core.watch.callbacks"]
     assert said == ["callbacks.other: no state in the checkpoint; it starts afresh"]
     after_a_stateless_one = callbacks.Callbacks({"watch": _Watcher(), "count": StepCounter()})
     after_a_stateless_one.load_state_dict(state)
@@ -209,7 +212,7 @@ def test_a_callback_or_component_the_loop_would_never_call_is_refused_naming_its
 
 
 def test_a_stored_configs_callbacks_are_never_built_so_never_refused():
-    stored = {"model": {"_target_": "repro.models.small_cnn.SmallCNN"},
+    stored = {"model": {"_target_": "repro.extras.models.small_cnn.SmallCNN"},
               "callbacks": {"mine": {"_target_": "pathlib.Path.touch"}}}  # fmt: skip
     trust.check(stored, "ckpt")  # no error: evaluate, predict and verify drop them
     assert "callbacks" not in trust.watched_only(stored)
@@ -227,7 +230,7 @@ def test_the_confusion_matrix_counts_true_against_predicted():
 
 def labelled_shapes(cfg, seed: int, *, labels_file: str, offset: int = 0, note: str | None = None):
     """The synthetic shapes, with settings of its own: it records what it was given."""
-    from repro.data import datasets
+    from repro.core.data import datasets
 
     labelled_shapes.given = {"labels_file": labels_file, "offset": offset, "note": note}
     return datasets.synthetic(cfg, seed)
@@ -263,7 +266,7 @@ def test_a_data_options_own_settings_reach_its_builder_typed_and_are_recorded(tm
 def test_a_data_setting_that_its_builder_does_not_take_is_one_line_before_any_work(
     overrides, key, said
 ):
-    from repro import config
+    from repro.core import config
 
     cfg = compose_config(*OWN, *overrides)
     with pytest.raises(ConfigError) as caught:
@@ -272,7 +275,7 @@ def test_a_data_setting_that_its_builder_does_not_take_is_one_line_before_any_wo
 
 
 def test_a_builder_without_settings_refuses_any_and_the_schemas_keys_stay_typed():
-    from repro import config
+    from repro.core import config
 
     cfg = compose_config(*tiny("+data.vla_size=3"))  # the synthetic builder takes none
     with pytest.raises(ConfigError, match=r"its own: none\); did you mean data\.val_size\?"):
@@ -305,10 +308,10 @@ IMAGES, LABELS = torch.randn(8, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
 
 
 def test_each_micro_batch_reaches_the_objective_with_the_model_and_the_components():
-    from repro.engine.settings import LoopSettings
-    from repro.engine.step import OptimizerStep
-    from repro.runtime.memory_format import MemoryFormat
-    from repro.runtime.precision import Precision
+    from repro.core.engine.settings import LoopSettings
+    from repro.core.engine.step import OptimizerStep
+    from repro.core.runtime.memory_format import MemoryFormat
+    from repro.core.runtime.precision import Precision
 
     model, recording, teacher = _linear(), _Recording(), object()
     objective = Checked(recording, "mine.Recording")
@@ -329,11 +332,11 @@ def test_each_micro_batch_reaches_the_objective_with_the_model_and_the_component
 
 
 def test_the_world_invariant_step_hands_over_each_micro_batch_too():
-    from repro.engine.invariant import InvariantStep
-    from repro.engine.settings import LoopSettings
-    from repro.runtime.distributed import Context
-    from repro.runtime.memory_format import MemoryFormat
-    from repro.runtime.precision import Precision
+    from repro.core.engine.invariant import InvariantStep
+    from repro.core.engine.settings import LoopSettings
+    from repro.core.runtime.distributed import Context
+    from repro.core.runtime.memory_format import MemoryFormat
+    from repro.core.runtime.precision import Precision
 
     model, recording = _linear(), _Recording()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -350,7 +353,7 @@ def test_the_world_invariant_step_hands_over_each_micro_batch_too():
 def test_evaluation_hands_over_the_images_before_flipping_and_the_evaluated_model():
     import contextlib
 
-    from repro.engine.evaluation import evaluate
+    from repro.core.engine.evaluation import evaluate
 
     model, recording = _linear(), _Recording()
     result = evaluate(
@@ -458,7 +461,7 @@ def test_a_wrong_result_is_refused_naming_the_objective_and_what_is_allowed(retu
 
 
 def test_only_the_first_result_is_checked(monkeypatch):
-    from repro import objectives
+    from repro.core.tasks import objectives
 
     calls = []
     monkeypatch.setattr(objectives, "check_terms", lambda *arguments: calls.append(arguments))
@@ -489,7 +492,7 @@ def test_label_smoothing_reaches_the_cross_entropy():
 
 
 def test_a_missing_component_is_refused_under_its_key():
-    from repro.objectives import Batch
+    from repro.core.tasks.objectives import Batch
 
     batch = Batch(torch.zeros(1), torch.nn.Identity(), {}, True)
     with pytest.raises(ConfigError) as caught:

@@ -1,4 +1,4 @@
-"""Seeding in-process (repro.runtime.seeding), each function against its definition: named
+"""Seeding in-process (repro.core.runtime.seeding), each function against its definition: named
 streams from numpy's SeedSequence, the counter-based draws' hash, the global generators."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from repro.runtime import seeding
-from repro.runtime.seeding import SampleKeys
+from repro.core.runtime import seeding
+from repro.core.runtime.seeding import SampleKeys
 
 MASK = 2**32 - 1
 

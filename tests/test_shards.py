@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from repro.errors import CheckpointError, DataError
+from repro.core.errors import CheckpointError, DataError
 from repro.shards import command as shards_command
 from repro.shards.dataset import ShardImages, decode_bytes
 from repro.shards.format import parse_manifest

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from repro.errors import DataError
+from repro.core.errors import DataError
 from repro.shards.format import (
     LARGEST,
     Shard,

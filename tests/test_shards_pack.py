@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from repro.errors import DataError, StorageError
+from repro.core.errors import DataError, StorageError
 from repro.shards import pack as packing
 from repro.shards.dataset import decode_bytes
 from repro.shards.format import parse_manifest

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.errors import DataError
+from repro.core.errors import DataError
 from repro.shards import store
 from repro.shards.format import check_members, parse_manifest
 from repro.shards.pack import pack

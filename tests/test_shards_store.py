@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from repro.errors import DataError
+from repro.core.errors import DataError
 from repro.shards import store
 from repro.shards.format import Shard
 from repro.shards.store import LocalStore, S3Store, open_store

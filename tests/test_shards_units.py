@@ -22,8 +22,8 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from repro.errors import ConfigError, DataError
-from repro.runtime.seeding import torch_generator
+from repro.core.errors import ConfigError, DataError
+from repro.core.runtime.seeding import torch_generator
 from repro.shards import dataset
 from repro.shards.dataset import ShardImages, decode_bytes
 from repro.shards.format import Shard

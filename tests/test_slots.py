@@ -1,4 +1,4 @@
-"""How a worker's batch reaches the main process (repro.data.slots), in this process: a CPU
+"""How a worker's batch reaches the main process (repro.core.data.slots), in this process: a CPU
 batch travels by value, a training batch through its worker's next shared slot, copied out
 on arrival."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from repro.data import slots
-from repro.data.slots import Batch, SharedSlots, SlotRef
+from repro.core.data import slots
+from repro.core.data.slots import Batch, SharedSlots, SlotRef
 
 
 def _batch(value: int, size: int = 2) -> Batch:

@@ -1,4 +1,4 @@
-"""Image sources (repro.data.sources) in-process: tensors in memory, files decoded to RGB, a
+"""Image sources (repro.core.data.sources) in-process: tensors in memory, files decoded to RGB, a
 folder per class, and targets of any shape as tensors and as text."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from repro.data import sources
-from repro.data.sources import ImageFiles, TensorImages
-from repro.errors import DataError
+from repro.core.data import sources
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.errors import DataError
 
 
 def pixels(height: int = 4, width: int = 6) -> np.ndarray:

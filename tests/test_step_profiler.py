@@ -1,4 +1,4 @@
-"""The profiler's window, step by step in-process (repro.watch.profiling): where it opens and
+"""The profiler's window, step by step in-process (repro.core.watch.profiling): where it opens and
 closes, what each file is named, the host table's order, and the other watchers."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import ClassVar
 import pytest
 import torch
 
-from repro.engine.position import Position
-from repro.runtime.distributed import Context
-from repro.watch import profiling
-from repro.watch.profiling import StepProfiler, SyncDebug
+from repro.core.runs.position import Position
+from repro.core.runtime.distributed import Context
+from repro.core.watch import profiling
+from repro.core.watch.profiling import StepProfiler, SyncDebug
 
 CPU = torch.device("cpu")
 

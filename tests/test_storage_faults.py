@@ -14,10 +14,10 @@ import sys
 import pytest
 import torch
 
-from repro.errors import StorageError
-from repro.files import complete_lines, write_text_atomic
-from repro.runs import checkpoint
-from repro.runs.fingerprint_log import FingerprintLog
+from repro.core.errors import StorageError
+from repro.core.files import complete_lines, write_text_atomic
+from repro.core.runs import checkpoint
+from repro.core.runs.fingerprint_log import FingerprintLog
 
 from conftest import ROOT, read_summary, run_cli, tiny, train_in_process
 
@@ -192,7 +192,7 @@ def test_a_real_tmpfs_that_fills_then_frees_up(straight_hash, tmp_path):
 def test_a_fault_fires_at_its_point_and_step_only_after_settling(what, raised, sent, monkeypatch):
     import signal
 
-    from repro.runs import faults
+    from repro.core.runs import faults
 
     monkeypatch.setenv(faults.VARIABLE, f"checkpoint:8:{what}" if what else "checkpoint:8")
     happened = []
@@ -214,7 +214,7 @@ def test_a_fault_fires_at_its_point_and_step_only_after_settling(what, raised, s
 
 
 def test_no_fault_named_is_no_fault(monkeypatch):
-    from repro.runs import faults
+    from repro.core.runs import faults
 
     monkeypatch.delenv(faults.VARIABLE, raising=False)
     monkeypatch.setattr(os, "kill", lambda *args: pytest.fail("signalled with no fault named"))

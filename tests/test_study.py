@@ -13,10 +13,10 @@ import optuna
 import pytest
 import yaml
 
-from repro.errors import ConfigError
-from repro.runtime.distributed import Context
-from repro.search.study import Objective, open_study, storage_url, write_summary
-from repro.search.trial import ReportToStudy
+from repro.core.errors import ConfigError
+from repro.core.runtime.distributed import Context
+from repro.extras.search.study import Objective, open_study, storage_url, write_summary
+from repro.extras.search.trial import ReportToStudy
 
 
 def test_a_relative_sqlite_path_is_made_absolute_and_its_folder_made(tmp_path, monkeypatch):
@@ -151,7 +151,7 @@ def _reporting(tmp_path: Path, threshold: float) -> tuple[ReportToStudy, optuna.
 
 
 def test_each_evaluation_is_reported_at_its_step_and_a_pruned_trial_stops_the_run(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="repro.search.trial")
+    caplog.set_level(logging.INFO, logger="repro.extras.search.trial")
     report, study = _reporting(tmp_path, threshold=0.5)
     loop = Loop()
     report.after_evaluation(loop, {"step": 4, "val_acc": 0.8}, None)
@@ -159,7 +159,7 @@ def test_each_evaluation_is_reported_at_its_step_and_a_pruned_trial_stops_the_ru
     assert loop.stopped == [] and report.pruned_at is None
     report.after_evaluation(loop, {"step": 8, "val_acc": 0.2}, None)
     assert loop.stopped == ["pruned by optuna at step 8"] and report.pruned_at == 8
-    said = [r.getMessage() for r in caplog.records if r.name == "repro.search.trial"]
+    said = [r.getMessage() for r in caplog.records if r.name == "repro.extras.search.trial"]
     assert said == ["trial 0 pruned at step 8 (val_acc 0.2000)"]
     [trial] = study.get_trials(deepcopy=False)
     assert trial.intermediate_values == {4: 0.8, 8: 0.2}
@@ -190,7 +190,7 @@ def in_a_multirun(tmp_path, monkeypatch):
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from repro.search import trial
+    from repro.extras.search import trial
 
     url = f"sqlite:///{tmp_path}/study.db"
     study = open_study(url, "search", direction="maximize")

@@ -17,9 +17,9 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from hydra_plugins.repro.adaptive_seeds import AdaptiveSeeds, Rule, look, round_line
-from repro.errors import ConfigError, UserError
-from repro.sweeps import render, report, verdict
-from repro.sweeps.stats import difference_of_means, paired_difference
+from repro.core.errors import ConfigError, UserError
+from repro.core.sweeps import render, report, verdict
+from repro.core.sweeps.stats import difference_of_means, paired_difference
 
 from conftest import IMAGEFOLDER, make_image_tree, run_cli, sweep_said, tiny
 
@@ -71,7 +71,7 @@ def test_paired_needs_pairs_and_one_pair_gives_no_interval():
 
 
 def test_a_single_value_summarises_as_itself_without_spread():
-    from repro.sweeps.stats import summarize
+    from repro.core.sweeps.stats import summarize
 
     alone = summarize([0.25])
     assert (alone.count, alone.mean, alone.min, alone.max) == (1, 0.25, 0.25, 0.25)

@@ -1,4 +1,4 @@
-"""The study sweeper (repro.search.sweeper) in this process, with a real Optuna study in
+"""The study sweeper (repro.extras.search.sweeper) in this process, with a real Optuna study in
 SQLite and a launcher whose jobs are folders written here: trials asked in batches of n_jobs
 and told what their folders say, a stopped sweep continued where it stopped, failures and
 prunes, the seeded sampler per trial, and each setting refused in one line. Whole sweeps of
@@ -19,11 +19,11 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from repro.errors import ConfigError
-from repro.runs import run_lock
-from repro.search.study import open_study
-from repro.search.sweeper import REPORTER, StudySweeperImpl
-from repro.sweeps import ERROR_FILE
+from repro.core.errors import ConfigError
+from repro.core.runs import run_lock
+from repro.core.sweeps import ERROR_FILE
+from repro.extras.search.study import open_study
+from repro.extras.search.sweeper import REPORTER, StudySweeperImpl
 
 LR = "optimizer.lr"
 
@@ -144,7 +144,7 @@ def test_a_seeded_search_stopped_and_continued_asks_what_one_run_straight_asks(t
 
 def test_a_trial_stopped_by_a_signal_stays_running_and_goes_on_in_its_folder(tmp_path, caplog):
     first = make_sweeper(tmp_path, Launcher(tmp_path, only(1, "stopped")))
-    with caplog.at_level(logging.WARNING, logger="repro.search.sweeper"):
+    with caplog.at_level(logging.WARNING, logger="repro.extras.search.sweeper"):
         first.sweep([])
     assert [first_job for first_job, _ in first.launcher.launched] == [0]  # it stopped there
     assert [state for state, _, _ in trials(tmp_path)] == ["COMPLETE", "RUNNING"]
@@ -160,7 +160,7 @@ def test_a_trial_stopped_by_a_signal_stays_running_and_goes_on_in_its_folder(tmp
 
 def test_failures_past_the_rate_stop_the_search_and_a_prune_is_told(tmp_path, caplog):
     sweeper = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "failed", others="pruned")))
-    with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
+    with caplog.at_level(logging.INFO, logger="repro.extras.search.sweeper"):
         sweeper.sweep([])
     assert len(sweeper.launcher.launched) == 1
     assert [state for state, _, _ in trials(tmp_path)] == ["FAIL", "PRUNED"]
@@ -275,18 +275,18 @@ def test_the_best_evaluation_is_taken_in_the_studys_direction_reruns_included(tm
 
 def test_a_stopped_job_leaves_the_others_of_its_batch_told(tmp_path, caplog):
     sweeper = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "stopped")))
-    with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
+    with caplog.at_level(logging.INFO, logger="repro.extras.search.sweeper"):
         sweeper.sweep([])
     told = trials(tmp_path)
     assert [state for state, _, _ in told] == ["RUNNING", "COMPLETE"]
     assert f"trial 1: complete val_acc {told[1][1]:.4f}" in caplog.messages
     url = f"sqlite:///{tmp_path}/optuna.db"
-    ours = [r.getMessage() for r in caplog.records if r.name == "repro.search.sweeper"]
+    ours = [r.getMessage() for r in caplog.records if r.name == "repro.extras.search.sweeper"]
     assert ours[0] == f"study lr in {url}: 0 of 4 trials"
     best = f"best: trial 1, val_acc {told[1][1]:.4f} {told[1][2]}"
     assert ours[-1] == f"study lr: 2 trials (1 complete, 0 pruned, 0 fail, 1 running); {best}"
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
+    with caplog.at_level(logging.INFO, logger="repro.extras.search.sweeper"):
         make_sweeper(tmp_path).sweep([])
     said = "trials [0] were left running by a stopped sweep: they go on in their folders"
     assert said in caplog.messages
@@ -302,7 +302,7 @@ def test_a_job_killed_without_a_word_fails_and_an_odd_summary_is_none(tmp_path):
 
 def test_failures_at_the_rate_allowed_go_on_without_an_error(tmp_path, caplog):
     sweeper = make_sweeper(tmp_path, Launcher(tmp_path, only(0, "failed")), max_failure_rate=0.5)
-    with caplog.at_level(logging.INFO, logger="repro.search.sweeper"):
+    with caplog.at_level(logging.INFO, logger="repro.extras.search.sweeper"):
         sweeper.sweep([])
     assert [state for state, _, _ in trials(tmp_path)] == ["FAIL"] + ["COMPLETE"] * 3
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from repro.sweeps import render, report
+from repro.core.sweeps import render, report
 
 from conftest import ROOT, read_summary, run_cli, sweep_said, tiny, train_in_process
 
@@ -192,7 +192,7 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
 def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path, capsys, caplog):
     from omegaconf import OmegaConf
 
-    from repro.sweeps.callback import SweepReport
+    from repro.core.sweeps.callback import SweepReport
     from test_sweep_statistics import fake_job
 
     for seed in range(2):
@@ -203,7 +203,7 @@ def test_the_multirun_callback_writes_prints_and_counts_the_failed_jobs(tmp_path
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {}})
     SweepReport.failed_jobs = 0
     try:
-        with caplog.at_level("WARNING", logger="repro.sweeps.callback"):
+        with caplog.at_level("WARNING", logger="repro.core.sweeps.callback"):
             SweepReport(metrics=["best_val_acc"]).on_multirun_end(config)
         assert SweepReport.failed_jobs == 1  # repro.train exits non-zero on it
     finally:
@@ -229,8 +229,8 @@ def test_the_multirun_callback_finishes_the_sweeps_mlflow_run_or_says_why_not(
     from mlflow.tracking import MlflowClient
     from omegaconf import OmegaConf
 
-    from repro.sweeps.callback import SweepReport
-    from repro.watch import trackers
+    from repro.core.sweeps.callback import SweepReport
+    from repro.core.watch import trackers
     from test_sweep_statistics import fake_job
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -253,7 +253,7 @@ def test_the_multirun_callback_finishes_the_sweeps_mlflow_run_or_says_why_not(
 
     monkeypatch.setattr(trackers, "end_sweep", unreachable)
     (sweep / "sweep_summary.json").unlink()
-    with caplog.at_level("WARNING", logger="repro.sweeps.callback"):
+    with caplog.at_level("WARNING", logger="repro.core.sweeps.callback"):
         SweepReport().on_multirun_end(config)  # the report is written all the same
     assert (sweep / "sweep_summary.json").is_file()
     said = [record.getMessage() for record in caplog.records]

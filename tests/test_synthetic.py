@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.data import synthetic
+from repro.core.data import synthetic
 
 
 def test_the_same_seed_renders_the_same_pixels_on_any_number_of_threads(monkeypatch):

@@ -1,4 +1,4 @@
-"""The built-in dataset as its docstring draws it (repro.data.synthetic): each shape's outline,
+"""The built-in dataset as its docstring draws it (repro.core.data.synthetic): each shape's outline,
 the ranges of the random parameters, and every pixel re-rendered one image at a time."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from repro.data import synthetic
+from repro.core.data import synthetic
 
 # (class, u, v, inside): points on and just past each outline, in shape coordinates.
 OUTLINES = [

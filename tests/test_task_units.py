@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from repro.tasks import task as tasks
-from repro.tasks.task import MULTI_LABEL, SINGLE_LABEL
+from repro.core.tasks import task as tasks
+from repro.core.tasks.task import MULTI_LABEL, SINGLE_LABEL
 
 # Scores and labels whose precision-recall steps are worked out by hand: images tied on a
 # score count as one step, the last image is a positive of its own step.

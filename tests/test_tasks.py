@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro import config, tasks
-from repro.data.datasets import Splits
-from repro.data.sources import ImageFiles, TensorImages
-from repro.engine.evaluation import Predictions, evaluate
-from repro.errors import ConfigError, DataError
-from repro.multilabel.objective import MultilabelBCE
-from repro.objectives import CrossEntropy, Targets
-from repro.runtime import distributed
-from repro.tasks import MULTI_LABEL, SINGLE_LABEL
+from repro.core import config, tasks
+from repro.core.data.datasets import Splits
+from repro.core.data.sources import ImageFiles, TensorImages
+from repro.core.engine.evaluation import Predictions, evaluate
+from repro.core.errors import ConfigError, DataError
+from repro.core.runtime import distributed
+from repro.core.tasks import MULTI_LABEL, SINGLE_LABEL
+from repro.core.tasks.objectives import CrossEntropy, Targets
+from repro.extras.multilabel.objective import MultilabelBCE
 
 from conftest import compose_config, tiny
 
@@ -404,7 +404,7 @@ TARGET_SETS = [  # (task, targets as a list of items) for 3 classes: right, then
 
 @pytest.mark.parametrize("task, held", TARGET_SETS)
 def test_the_whole_split_check_finds_the_item_one_at_a_time_checking_finds(task, held):
-    from repro.tasks import checks
+    from repro.core.tasks import checks
 
     expected = _one_at_a_time(task, held, 3)
     assert checks._first_wrong(task, held, 3) == expected
@@ -439,7 +439,7 @@ def test_a_split_without_a_label_list_is_checked_by_its_first_item_and_empty_one
 
 
 def test_which_metrics_and_callbacks_need_one_class_per_image():
-    from repro.tasks import checks
+    from repro.core.tasks import checks
 
     assert checks._needs_single_label({"_target_": "torchmetrics.MulticlassF1Score"})
     assert checks._needs_single_label({"_target_": "MulticlassAccuracy"})

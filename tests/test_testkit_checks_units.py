@@ -1,4 +1,4 @@
-"""The kit's checks (repro.testkit.checks), in this process, against a project whose runs are
+"""The kit's checks (repro.extras.testkit.checks), in this process, against a project whose runs are
 folders written here: each check passes runs that agree and fails those that part with the
 lines it promises (the option, where the runs parted, the rule to follow). The kit's real runs
 of a generated project are test_new_project's and test_testkit_forks'."""
@@ -11,10 +11,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from repro.errors import ConfigError
-from repro.runs.fingerprint_log import FingerprintLog
-from repro.testkit import checks
-from repro.testkit.runs import RunFailedError
+from repro.core.errors import ConfigError
+from repro.core.runs.fingerprint_log import FingerprintLog
+from repro.extras.testkit import checks
+from repro.extras.testkit.runs import RunFailedError
 
 from conftest import compose_config, tiny
 
@@ -118,7 +118,7 @@ def test_a_failed_run_or_a_refused_config_is_a_few_lines_naming_the_promise():
 
 
 def test_a_dataset_whose_split_or_items_change_between_reads_fails_naming_them(monkeypatch):
-    from repro import build
+    from repro.core import build
 
     project = Project(composes=True)
     checks.test_data_gives_the_same_split_for_the_same_seed(project, "synthetic")
@@ -166,8 +166,8 @@ def test_a_dataset_whose_split_or_items_change_between_reads_fails_naming_them(m
 
 
 def test_the_data_checks_build_from_seed_7_and_fingerprint_under_the_datas_root(monkeypatch):
-    from repro import build
-    from repro.data import fingerprint
+    from repro.core import build
+    from repro.core.data import fingerprint
 
     built, roots = [], []
     monkeypatch.setattr(build, "splits", lambda cfg, seed: built.append(seed) or "splits")

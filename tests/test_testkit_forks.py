@@ -1,4 +1,4 @@
-"""The test kit's forked runs (repro.testkit.runs): a fork that fails stops its siblings and
+"""The test kit's forked runs (repro.extras.testkit.runs): a fork that fails stops its siblings and
 reports its own error; a stuck one is stopped at the limit. Neither leaves the test waiting."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from repro.testkit import runs
+from repro.extras.testkit import runs
 
 
 def broken() -> None:

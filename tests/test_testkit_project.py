@@ -1,4 +1,4 @@
-"""The test kit's view of a project (repro.testkit.project) and its pytest plugin, in this process:
+"""The test kit's view of a project (repro.extras.testkit.project) and its pytest plugin, in this process:
 the project's options, the tiny config it composes, the experiment each option is meant for,
 the choices an experiment asks for that do not run, and the plugin acting only where asked.
 (test_new_project.py and test_testkit_optin.py run them in generated projects.)"""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.testkit import project as kit
-from repro.testkit.project import Project
+from repro.extras.testkit import project as kit
+from repro.extras.testkit.project import Project
 
 from conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""The kit's runs, in-process with the training stood in for (repro.testkit.runs): how an
+"""The kit's runs, in-process with the training stood in for (repro.extras.testkit.runs): how an
 error is named, where each run goes and when it is reused, the ranks' variables, what counts as
 a run's result. test_testkit_forks.py forks for real."""
 
@@ -13,8 +13,8 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from repro.testkit import runs
-from repro.testkit.runs import RunFailedError, Runs
+from repro.extras.testkit import runs
+from repro.extras.testkit.runs import RunFailedError, Runs
 
 
 def raised_from(code: str, filename: str) -> BaseException:

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from repro.errors import UserError
+from repro.core.errors import UserError
 
 from conftest import ROOT, tiny, train_in_process
 

@@ -1,4 +1,4 @@
-"""The experiment trackers (repro.watch.trackers) in this process, without training: what an
+"""The experiment trackers (repro.core.watch.trackers) in this process, without training: what an
 MLflow run receives, read back from a real local store with MLflow's client; a sweep's jobs
 nested under its run; what W&B's `init` is asked for; a tracker that cannot start as one line.
 A whole run's tracking, W&B's offline files included, is test_trackers'."""
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from repro.errors import UserError
-from repro.watch import trackers
-from repro.watch.loggers import STEP_LOSS
+from repro.core.errors import UserError
+from repro.core.watch import trackers
+from repro.core.watch.loggers import STEP_LOSS
 
 from conftest import compose_config, tiny
 
@@ -177,7 +177,7 @@ def test_an_mlflow_server_is_named_before_mlflows_retries_and_a_file_store_is_al
     monkeypatch, caplog
 ):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    with caplog.at_level("INFO", logger="repro.watch.trackers"):
+    with caplog.at_level("INFO", logger="repro.core.watch.trackers"):
         trackers.mlflow_client("http://tracker:5000")
     assert caplog.messages == [
         "logger=mlflow: starting a run at http://tracker:5000 (MLflow retries a server that "
@@ -396,7 +396,7 @@ def test_a_tracker_starts_with_the_run_its_folder_and_its_sweep(tmp_path):
 def test_a_tracker_whose_library_is_missing_says_to_install_the_extra(
     missing, logger, tmp_path, monkeypatch
 ):
-    from repro.errors import ConfigError
+    from repro.core.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, missing, None)  # as if never installed
     with pytest.raises(ConfigError) as refused:
@@ -426,6 +426,6 @@ def test_the_parameters_are_the_config_resolved_each_as_text():
 
 
 def test_an_https_server_is_named_too(caplog):
-    with caplog.at_level("INFO", logger="repro.watch.trackers"):
+    with caplog.at_level("INFO", logger="repro.core.watch.trackers"):
         trackers.mlflow_client("https://tracker.example")
     assert caplog.messages[0].startswith("logger=mlflow: starting a run at https://tracker.example")

@@ -15,12 +15,13 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from repro import build, train
-from repro.data import synthetic
-from repro.errors import StorageError, UserError
-from repro.runs import checkpoint
-from repro.runtime import determinism, distributed, environment, seeding
-from repro.sweeps import ERROR_FILE
+from repro import train
+from repro.core import build
+from repro.core.data import synthetic
+from repro.core.errors import StorageError, UserError
+from repro.core.runs import checkpoint
+from repro.core.runtime import determinism, distributed, environment, seeding
+from repro.core.sweeps import ERROR_FILE
 
 from conftest import IMAGEFOLDER, compose_config, make_image_tree, tiny, train_in_process
 
@@ -56,8 +57,8 @@ def straight(tmp_path):
     """One tiny run from start to end: its folder, summary, what it logged and how long the
     call took; and what the end handed the callbacks and the trackers. A fixture of each test
     (not of the module): mutmut maps a mutant to the tests whose own calls reach it."""
-    from repro.callbacks import Callbacks
-    from repro.watch.loggers import MetricsLog
+    from repro.core.watch.callbacks import Callbacks
+    from repro.core.watch.loggers import MetricsLog
 
     run_dir, said, ended = tmp_path / "straight", Logged(), {}
     real_end, real_finish = Callbacks.at_end, MetricsLog.finish
@@ -400,8 +401,8 @@ def test_in_a_sweep_a_failed_job_is_logged_noted_for_the_report_and_the_sweep_go
 def test_in_a_sweep_a_folder_another_run_holds_or_an_unsafe_one_gets_no_error_file(
     command, tmp_path, capsys
 ):
-    from repro.guards.folders import UnsafeFolderError
-    from repro.runs.run_lock import RunFolderInUseError
+    from repro.core.guards.folders import UnsafeFolderError
+    from repro.core.runs.run_lock import RunFolderInUseError
 
     value, logged, _ = command(RunFolderInUseError("in use by pid 7"), sweep=True)
     assert value is None and logged == [("error", "job failed: in use by pid 7", False)]
@@ -489,7 +490,7 @@ def test_the_data_root_reaches_the_fingerprint_and_a_resumes_data_check(tmp_path
 
 
 def test_the_summarys_data_fingerprint_is_of_the_files_under_the_data_root(tmp_path):
-    from repro.data import fingerprint
+    from repro.core.data import fingerprint
 
     tree = make_image_tree(tmp_path / "images", per_class=4, side=36)
     run = [*IMAGEFOLDER, f"data.root={tree}", "trainer.max_steps=1", "trainer.test_weights=last"]

@@ -11,11 +11,12 @@ import time
 import pytest
 import torch
 
-from repro import evaluate, tasks
-from repro.engine.evaluation import evaluate as evaluate_batches
-from repro.engine.evaluation import predict
-from repro.engine.loop import Trainer
-from repro.errors import CheckpointError, ConfigError
+from repro import evaluate
+from repro.core import tasks
+from repro.core.engine.evaluation import evaluate as evaluate_batches
+from repro.core.engine.evaluation import predict
+from repro.core.engine.loop import Trainer
+from repro.core.errors import CheckpointError, ConfigError
 
 from conftest import StepCounter, compose_config, save_test_resnet, tiny, train_in_process
 
@@ -60,7 +61,7 @@ def test_the_test_split_is_evaluated_as_validation_is(sizes, image_tree, tmp_pat
     last validation did, with the same objective, metrics and flips, and the model's own
     normalisation (a pretrained model's image size, resize, mean and std, not data's)."""
     weights = save_test_resnet(tmp_path / "test_resnet.safetensors")
-    caplog.set_level(logging.INFO, logger="repro.runs.final_test")
+    caplog.set_level(logging.INFO, logger="repro.core.engine.final_test")
     summary = train_in_process(
         tmp_path / "run", "data=imagefolder", f"data.root={image_tree}", "data.image_size=32",
         *sizes, "model=timm", "model.name=test_resnet", f"model.pretrained={weights}",
@@ -74,7 +75,7 @@ def test_the_test_split_is_evaluated_as_validation_is(sizes, image_tree, tmp_pat
         assert summary[f"test_{name}"] == pytest.approx(float(last[f"val_{name}"]), abs=1e-6)
     matrix = json.loads((tmp_path / "run" / "summary.json").read_text())["test_confusion_matrix"]
     assert sum(map(sum, matrix)) == 3 * 12  # every val image, counted once
-    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.runs.final_test"]
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "repro.core.engine.final_test"]
     assert said == (
         f"test (last weights) | loss {summary['test_loss']:.4f} acc {summary['test_acc']:.4f}"
     )
@@ -134,7 +135,7 @@ def test_a_callback_stops_a_run_which_ends_completed_and_resumes_to_the_same_end
 
 
 def test_the_first_stop_reason_stands():
-    from repro.engine.position import RunState
+    from repro.core.runs.position import RunState
 
     loop = Trainer.__new__(Trainer)  # only its state is touched
     loop.state = RunState()
@@ -276,10 +277,10 @@ def _one_step(accumulate_steps: int) -> tuple[dict[str, torch.Tensor], list[torc
     the objective's extra term is 1.0 per image. Returns the step's terms and the gradients."""
     from torch.nn import functional
 
-    from repro.engine.settings import LoopSettings
-    from repro.engine.step import OptimizerStep
-    from repro.runtime.memory_format import MemoryFormat
-    from repro.runtime.precision import Precision
+    from repro.core.engine.settings import LoopSettings
+    from repro.core.engine.step import OptimizerStep
+    from repro.core.runtime.memory_format import MemoryFormat
+    from repro.core.runtime.precision import Precision
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
@@ -319,10 +320,10 @@ def test_under_ddp_the_gradients_are_all_reduced_once_with_the_last_micro_batch(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from repro.engine.settings import LoopSettings
-    from repro.engine.step import OptimizerStep
-    from repro.runtime.memory_format import MemoryFormat
-    from repro.runtime.precision import Precision
+    from repro.core.engine.settings import LoopSettings
+    from repro.core.engine.step import OptimizerStep
+    from repro.core.runtime.memory_format import MemoryFormat
+    from repro.core.runtime.precision import Precision
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -362,9 +363,9 @@ def test_under_ddp_the_gradients_are_all_reduced_once_with_the_last_micro_batch(
 
 
 def _step_for(model, optimizer, precision, objective=None, mixer=None, **settings):
-    from repro.engine.settings import LoopSettings
-    from repro.engine.step import OptimizerStep
-    from repro.runtime.memory_format import MemoryFormat
+    from repro.core.engine.settings import LoopSettings
+    from repro.core.engine.step import OptimizerStep
+    from repro.core.runtime.memory_format import MemoryFormat
 
     def per_image(logits, targets):
         return {"loss": torch.nn.functional.cross_entropy(logits, targets.labels,
@@ -394,7 +395,7 @@ class _SometimesBranch(torch.nn.Module):
 
 
 def test_a_parameter_left_out_of_a_step_is_not_moved_by_momentum_or_weight_decay():
-    from repro.runtime.precision import Precision
+    from repro.core.runtime.precision import Precision
 
     model = _SometimesBranch()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
@@ -408,8 +409,8 @@ def test_a_parameter_left_out_of_a_step_is_not_moved_by_momentum_or_weight_decay
 
 
 def test_clipping_under_a_loss_scaler_clips_the_unscaled_gradients(monkeypatch):
-    from repro.runtime import precision as precision_module
-    from repro.runtime.precision import Precision
+    from repro.core.runtime import precision as precision_module
+    from repro.core.runtime.precision import Precision
 
     monkeypatch.setattr(precision_module, "_supports", lambda device, mode: True)
     fp16 = Precision("fp16", torch.device("cpu"))
@@ -431,8 +432,8 @@ def test_clipping_under_a_loss_scaler_clips_the_unscaled_gradients(monkeypatch):
 
 
 def test_the_step_trains_on_the_batch_mixed_for_its_place_with_the_partners_labels():
-    from repro.engine.mixing import BatchMixer
-    from repro.runtime.precision import Precision
+    from repro.core.engine.mixing import BatchMixer
+    from repro.core.runtime.precision import Precision
 
     seen = []
 
@@ -464,12 +465,12 @@ def bare_loop(world=1, invariant=False, **settings):
     """A Trainer with a small model and only the parts the bookkeeping touches."""
     from types import SimpleNamespace
 
-    from repro.callbacks import Callbacks
-    from repro.engine.position import RunState
-    from repro.engine.settings import LoopSettings
-    from repro.objectives import CrossEntropy
-    from repro.runtime.distributed import Context
-    from repro.runtime.precision import Precision
+    from repro.core.engine.settings import LoopSettings
+    from repro.core.runs.position import RunState
+    from repro.core.runtime.distributed import Context
+    from repro.core.runtime.precision import Precision
+    from repro.core.tasks.objectives import CrossEntropy
+    from repro.core.watch.callbacks import Callbacks
 
     loop = Trainer.__new__(Trainer)
     loop.model = torch.nn.Linear(2, 2)
@@ -528,7 +529,7 @@ def test_a_better_value_writes_best_pt_and_patience_stops_the_run(monkeypatch):
 def test_a_checkpoints_random_states_are_every_ranks_unless_the_run_is_world_invariant(
     invariant, monkeypatch
 ):
-    from repro.engine import loop as loop_module
+    from repro.core.engine import loop as loop_module
 
     loop, _ = bare_loop(world=2, invariant=invariant)
     monkeypatch.setattr(loop_module.distributed, "gather", lambda value, dist: [value, "rank 1"])
@@ -540,7 +541,7 @@ def test_a_checkpoints_random_states_are_every_ranks_unless_the_run_is_world_inv
 
 
 def test_a_checkpoint_of_another_world_size_resumes_only_when_world_invariant():
-    from repro.runs.checkpoint import capture_rng
+    from repro.core.runs.checkpoint import capture_rng
 
     written, _ = bare_loop()
     written.state.position.step = 7
@@ -560,8 +561,8 @@ def test_a_checkpoint_of_another_world_size_resumes_only_when_world_invariant():
 
 
 def test_a_checkpoint_restores_the_best_value_the_stop_and_the_callbacks_state():
-    from repro.callbacks import Callbacks
-    from repro.engine.position import Best
+    from repro.core.runs.position import Best
+    from repro.core.watch.callbacks import Callbacks
 
     written, _ = bare_loop()
     written.callbacks = Callbacks({"count": StepCounter()})
@@ -591,7 +592,7 @@ def test_a_checkpoint_restores_the_best_value_the_stop_and_the_callbacks_state()
 def test_flushed_losses_are_logged_by_rank_0_from_the_step_of_the_first(rank, values, written):
     from types import SimpleNamespace
 
-    from repro.runtime.distributed import Context
+    from repro.core.runtime.distributed import Context
 
     loop, _ = bare_loop()
     loop.dist = Context(rank=rank, world=2)
@@ -611,7 +612,7 @@ def test_a_step_is_told_its_place_and_an_evaluation_keeps_no_predictions_unless_
 ):
     from types import SimpleNamespace
 
-    from repro.engine import loop as loop_module
+    from repro.core.engine import loop as loop_module
 
     loop, _ = bare_loop()
     loop.state.position.epoch, loop.state.position.batch = 3, 9
@@ -637,8 +638,8 @@ def test_a_step_is_told_its_place_and_an_evaluation_keeps_no_predictions_unless_
 def test_each_step_passes_its_fault_point_and_losses_are_hashed_at_their_cadence(
     tmp_path, monkeypatch
 ):
-    from repro.engine import loop as loop_module
-    from repro.runs.fingerprint_log import FingerprintLog
+    from repro.core.engine import loop as loop_module
+    from repro.core.runs.fingerprint_log import FingerprintLog
 
     points = []
     monkeypatch.setattr(

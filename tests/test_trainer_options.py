@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from repro import build
-from repro.runtime.precision import Precision
+from repro.core import build
+from repro.core.runtime.precision import Precision
 
 from conftest import compose_config, tiny, train_in_process
 

@@ -1,4 +1,4 @@
-"""Moving batches to the device (repro.runtime.transfer), in this process: the values a batch
+"""Moving batches to the device (repro.core.runtime.transfer), in this process: the values a batch
 is normalised to, the memory format it is written in, the CPU's serial chunks, and when a
 batch goes through pinned memory or a side-stream prefetcher."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.runtime import transfer
-from repro.runtime.transfer import DeviceBatches, Prefetcher, host_to_device, prefetched
+from repro.core.runtime import transfer
+from repro.core.runtime.transfer import DeviceBatches, Prefetcher, host_to_device, prefetched
 
 MEAN, STD = [0.5, 0.25, 0.0], [0.5, 0.25, 2.0]
 CPU = torch.device("cpu")

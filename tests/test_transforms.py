@@ -1,4 +1,4 @@
-"""Each image step (repro.data.transforms) against what its docstring says it does, written
+"""Each image step (repro.core.data.transforms) against what its docstring says it does, written
 again with numpy and plain slicing; test_counter_draws.py has the batch forms agreeing."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.nn import functional
 
-from repro.data import transforms
-from repro.data.transforms import (
+from repro.core.data import transforms
+from repro.core.data.transforms import (
     CenterCrop,
     Cutout,
     HorizontalFlip,
@@ -17,8 +17,8 @@ from repro.data.transforms import (
     ResizeShorter,
     TorchvisionSteps,
 )
-from repro.runtime import seeding
-from repro.runtime.seeding import SampleKeys
+from repro.core.runtime import seeding
+from repro.core.runtime.seeding import SampleKeys
 
 STREAM = seeding.stream_seed(11, "augment")
 NUMPY_MODES = {"zeros": "constant", "reflect": "reflect", "edge": "edge"}

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.errors import CheckpointError
+from repro.core.errors import CheckpointError
+from repro.core.runs import checkpoint
+from repro.core.runs.trust import UntrustedConfigError
 from repro.evaluate import evaluate_checkpoint
 from repro.predict import predict_files
-from repro.runs import checkpoint
-from repro.runs.trust import UntrustedConfigError
 from repro.verify.command import verify
 
 from conftest import ROOT, make_image_tree, run_cli, tiny, train_in_process

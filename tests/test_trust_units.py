@@ -9,9 +9,9 @@ import copy
 import pytest
 from omegaconf import OmegaConf
 
-from repro.errors import UserError
-from repro.runs import trust
-from repro.runs.trust import UntrustedConfigError
+from repro.core.errors import UserError
+from repro.core.runs import trust
+from repro.core.runs.trust import UntrustedConfigError
 
 from conftest import CONF, compose_config, tiny
 
@@ -37,11 +37,11 @@ def test_only_what_builds_a_model_optimizer_schedule_or_transform_is_trusted_by_
     assert trust.trusted("torchvision.transforms.v2.ColorJitter")
     assert trust.trusted("torch.optim.RMSprop")
     assert trust.trusted("torch.optim.lr_scheduler.OneCycleLR")
-    assert trust.trusted("repro.models.resnet_cifar.ResNetCifar")
+    assert trust.trusted("repro.extras.models.resnet_cifar.ResNetCifar")
     for target in (
-        "repro.files.write_text_atomic",  # ours, but no model
-        "repro.models.small_cnn.torch.save",  # a name a model module imports
-        "repro.models.small_cnn.nn",
+        "repro.core.files.write_text_atomic",  # ours, but no model
+        "repro.extras.models.small_cnn.torch.save",  # a name a model module imports
+        "repro.extras.models.small_cnn.nn",
         "torchvision.models.detection.fasterrcnn_resnet50_fpn",
         "torchvision.io.write_png",
         "torch.optim.lr_scheduler.torch",
@@ -132,12 +132,12 @@ def test_a_stored_config_as_data_acts_on_nothing_beyond_the_tools_output():
 
 @pytest.mark.parametrize(
     ("target", "place", "trusted"),
-    [("repro.models.small_cnn.SmallCNN", "model", True),
-     ("repro.models.small_cnn.SmallCNN", None, True),
-     ("repro.models.small_cnn.SmallCNN", "augment", False),
-     ("repro.models.small_cnn.torch", "model", False),  # a name the module imports
-     ("repro.models.nothing_here.Net", "model", False),
-     ("repro.models.small_cnn.SmallCNN.forward", "model", False),
+    [("repro.extras.models.small_cnn.SmallCNN", "model", True),
+     ("repro.extras.models.small_cnn.SmallCNN", None, True),
+     ("repro.extras.models.small_cnn.SmallCNN", "augment", False),
+     ("repro.extras.models.small_cnn.torch", "model", False),  # a name the module imports
+     ("repro.extras.models.nothing_here.Net", "model", False),
+     ("repro.extras.models.small_cnn.SmallCNN.forward", "model", False),
      ("torchvision.models.resnet18", "model", True),
      ("torchvision.models.resnet18", "augment", False),
      ("torchvision.models.resnet_eighteen", "model", False),
@@ -177,8 +177,8 @@ def test_conf_targets_are_trusted_in_their_groups_section():
 
 @pytest.mark.parametrize(
     ("target", "place", "trusted"),
-    [("repro.models.resnet_cifar.ResNetCifar", "model", True),  # in no YAML of conf/
-     ("repro.models.resnet_cifar.ResNetCifar", "augment", False),
+    [("repro.extras.models.resnet_cifar.ResNetCifar", "model", True),  # in no YAML of conf/
+     ("repro.extras.models.resnet_cifar.ResNetCifar", "augment", False),
      ("torchvision.models.vgg11", "model", True), ("torchvision.models.vgg11", "optimizer", False),
      ("torch.optim.Adagrad", "optimizer", True), ("torch.optim.NoSuchOptimizer", "optimizer", False),
      ("torchvision.transforms.ColorJitter", "augment", True),
@@ -259,7 +259,7 @@ def test_where_a_stored_config_reaches_the_network_or_a_cache_is_this_machines_c
 
 
 def test_a_name_a_model_module_imports_is_not_its_model_and_each_target_is_judged_where_built():
-    assert not trust.trusted("repro.models.small_cnn.Sequence", "model")  # collections.abc's
+    assert not trust.trusted("repro.extras.models.small_cnn.Sequence", "model")  # collections.abc's
     stored = {"augment": {"transforms": [{"_target_": "torchvision.models.resnet18"}]}}
     with pytest.raises(UntrustedConfigError, match=r"augment\.transforms\[0\]\._target_="):
         trust.check(stored, "f")  # a model builder, trusted under model, not under augment

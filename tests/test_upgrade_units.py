@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.errors import ConfigError, UserError
-from repro.runs.fingerprint_log import Row
+from repro.core.errors import ConfigError, UserError
+from repro.core.runs.fingerprint_log import Row
 from repro.verify import upgrade
 
 IDENTITY = ["-c", "user.name=test", "-c", "user.email=test@localhost"]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from repro.engine.loop import Trainer
-from repro.runtime import threads
+from repro.core.engine.loop import Trainer
+from repro.core.runtime import threads
 from repro.verify import command as verify
 
 from conftest import run_cli, tiny, train_in_process

@@ -12,11 +12,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from repro import build
-from repro.data import fingerprint
-from repro.errors import ConfigError, DataError, UserError
-from repro.runs.fingerprint_log import FingerprintLog
-from repro.runtime import determinism, environment
+from repro.core import build
+from repro.core.data import fingerprint
+from repro.core.errors import ConfigError, DataError, UserError
+from repro.core.runs.fingerprint_log import FingerprintLog
+from repro.core.runtime import determinism, environment
 from repro.verify import command
 from repro.verify.command import Verdict
 

@@ -1,4 +1,4 @@
-"""What a DataLoader worker does first (repro.data.workers.start_worker), called in a forked
+"""What a DataLoader worker does first (repro.core.data.workers.start_worker), called in a forked
 child of this process: it dies with the main process, it exits at once if that process died
 before it could ask, and it is seeded from torch's seed for the worker."""
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from repro.data import workers
+from repro.core.data import workers
 
 PR_GET_PDEATHSIG = 2  # linux/prctl.h
 

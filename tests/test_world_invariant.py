@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro.engine.invariant import InvariantStep, tree_sum
-from repro.engine.settings import LoopSettings
-from repro.errors import ConfigError
-from repro.objectives import CrossEntropy
-from repro.runtime.distributed import Context
-from repro.runtime.memory_format import MemoryFormat
-from repro.runtime.precision import Precision
+from repro.core.engine.invariant import InvariantStep, tree_sum
+from repro.core.engine.settings import LoopSettings
+from repro.core.errors import ConfigError
+from repro.core.runtime.distributed import Context
+from repro.core.runtime.memory_format import MemoryFormat
+from repro.core.runtime.precision import Precision
+from repro.core.tasks.objectives import CrossEntropy
 
 from conftest import compose_config, read_summary, run_cli, tiny, torchrun, train_in_process
 
@@ -127,7 +127,7 @@ def test_dropout_and_batchnorm_run_per_micro_batch_in_one_process(tmp_path):
 
 
 def test_running_statistics_follow_batchnorms_own_update_one_micro_batch_at_a_time():
-    from repro.engine.invariant import BatchNormStatistics
+    from repro.core.engine.invariant import BatchNormStatistics
 
     torch.manual_seed(0)
     for momentum in (0.1, None):  # None: BatchNorm's cumulative average
@@ -213,8 +213,8 @@ def test_the_invariant_step_is_refused_where_this_world_cannot_keep_it_word_for_
 
     from omegaconf import open_dict
 
-    from repro.engine import assembly
-    from repro.engine.settings import Knobs
+    from repro.core.engine import assembly
+    from repro.core.engine.settings import Knobs
 
     cpu = torch.device("cpu")
     model = torch.nn.Linear(2, 2)
@@ -274,7 +274,7 @@ class _Penalised:
 
 
 def test_a_step_draws_each_micro_batches_dropout_from_its_own_stream_and_hands_the_objective_its_batch():
-    from repro.runtime.seeding import stream_seed
+    from repro.core.runtime.seeding import stream_seed
 
     torch.manual_seed(0)
     model, twin = _WithUnused(), _WithUnused()

@@ -8,13 +8,13 @@ matrix. Nothing reaches the network (the dataset is downloaded only with `downlo
 Prints loss, accuracy and the results of the run's `metrics` (top-5 accuracy, F1 ...); with
 `out=FILE`, also writes them as JSON (an existing file is refused before any work unless
 `overwrite=true`). A stored config naming a target this checkout does not trust is refused
-unless `trust=true` (see repro.runs.trust).
+unless `trust=true` (see repro.core.runs.trust).
 """
 
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.runtime.launch import pin_hash_seed
+    from repro.core.runtime.launch import pin_hash_seed
 
     pin_hash_seed("repro.evaluate")
 
@@ -24,18 +24,18 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from repro import build, tasks
-from repro.data.cache import decode
-from repro.data.loader import Batches
-from repro.data.sources import in_memory
-from repro.engine.evaluation import evaluate
-from repro.errors import ConfigError, UserError, exit_with, warnings_to_stderr
-from repro.files import json_text
-from repro.guards.network import offline
-from repro.guards.text import for_terminal
-from repro.runs import resume
-from repro.runs.restore import arguments, classes_of, output_file, restore, write_result
-from repro.watch.scores import build_scores
+from repro.core import build, tasks
+from repro.core.data.cache import decode
+from repro.core.data.loader import Batches
+from repro.core.data.sources import in_memory
+from repro.core.engine.evaluation import evaluate
+from repro.core.errors import ConfigError, UserError, exit_with, warnings_to_stderr
+from repro.core.files import json_text
+from repro.core.guards.network import offline
+from repro.core.restore import arguments, classes_of, output_file, restore, write_result
+from repro.core.runs import resume
+from repro.core.text import for_terminal
+from repro.core.watch.scores import build_scores
 
 SPLITS = ("train", "val", "test")
 # and restore.SHARED

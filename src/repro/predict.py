@@ -9,13 +9,13 @@ through the run's evaluation transform (resized to the run's size if it comes in
 the model, as `repro.evaluate` runs it. `out` gets one CSV row per image, in sorted path
 order: its path, then the `top_k` classes and their probabilities. An existing `out` is
 refused before any work unless `overwrite=true`. A stored config naming a target this
-checkout does not trust is refused unless `trust=true` (see repro.runs.trust).
+checkout does not trust is refused unless `trust=true` (see repro.core.runs.trust).
 """
 
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.runtime.launch import pin_hash_seed
+    from repro.core.runtime.launch import pin_hash_seed
 
     pin_hash_seed("repro.predict")
 
@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from repro import build, tasks
-from repro.data.loader import Batches
-from repro.data.sources import IMAGE_SUFFIXES, ImageFiles
-from repro.engine.evaluation import predict
-from repro.errors import ConfigError, DataError, UserError, exit_with, warnings_to_stderr
-from repro.guards.network import offline
-from repro.guards.text import for_csv
-from repro.runs.restore import arguments, output_file, restore, write_result
+from repro.core import build, tasks
+from repro.core.data.loader import Batches
+from repro.core.data.sources import IMAGE_SUFFIXES, ImageFiles
+from repro.core.engine.evaluation import predict
+from repro.core.errors import ConfigError, DataError, UserError, exit_with, warnings_to_stderr
+from repro.core.guards.network import offline
+from repro.core.restore import arguments, output_file, restore, write_result
+from repro.core.text import for_csv
 
 ARGUMENTS = {"images", "top_k", "device", "batch_size", "tta"}  # and restore.SHARED
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from repro.errors import DataError, UserError, exit_with
-from repro.guards import folders
-from repro.sweeps import render, report
+from repro.core.errors import DataError, UserError, exit_with
+from repro.core.guards import folders
+from repro.core.sweeps import render, report
 
 
 def main(argv: list[str]) -> None:

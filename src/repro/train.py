@@ -7,7 +7,7 @@ there is a checkpoint, train, write the summary.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.runtime.launch import pin_hash_seed, record_command
+    from repro.core.runtime.launch import pin_hash_seed, record_command
 
     pin_hash_seed("repro.train")
     record_command("repro.train")
@@ -25,25 +25,26 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from repro import build, composition, config, schema, tasks
-from repro.data import fingerprint
-from repro.engine import assembly
-from repro.engine.loop import Trainer
-from repro.errors import StorageError, UserError, exit_with, one_line
-from repro.files import write_json_atomic, write_text_atomic
-from repro.guards import folders, received
-from repro.guards.text import for_terminal
-from repro.runs import final_test, history, resume, run_lock
-from repro.runs.checkpoint import Checkpointer
-from repro.runtime import determinism, distributed, environment, launch, seeding
-from repro.sweeps import ERROR_FILE
-from repro.sweeps.callback import SweepReport
-from repro.watch.loggers import MetricsLog, plot_curves
-from repro.watch.metrics import weights_sha256
+from repro.core import build, composition, config, tasks
+from repro.core.data import fingerprint
+from repro.core.engine import assembly, final_test
+from repro.core.engine.loop import Trainer
+from repro.core.errors import StorageError, UserError, exit_with, one_line
+from repro.core.files import write_json_atomic, write_text_atomic
+from repro.core.guards import folders, received
+from repro.core.runs import history, resume, run_lock
+from repro.core.runs.checkpoint import Checkpointer
+from repro.core.runtime import determinism, distributed, environment, launch, seeding
+from repro.core.sweeps import ERROR_FILE
+from repro.core.sweeps.callback import SweepReport
+from repro.core.text import for_terminal
+from repro.core.watch import loggers
+from repro.core.watch.loggers import MetricsLog, plot_curves
+from repro.core.watch.metrics import weights_sha256
 
 log = logging.getLogger("repro.train")
 
-schema.register()
+config.register()
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def _start(trainer: Trainer, state: dict | None, run_dir: Path) -> None:
     if state:
         trainer.load_state_dict(state)
     if trainer.dist.is_main:
-        resume.truncate_logs(run_dir, trainer.state.position.step)
+        loggers.truncate_logs(run_dir, trainer.state.position.step)
         trainer.outputs.checkpointer.settle_best(trainer.state.best.step)
     if state:
         pos = trainer.state.position
@@ -333,7 +334,9 @@ def _swept_value(summary: dict[str, Any]) -> float | None:
     return summary.get("val_acc", summary.get("test_acc"))
 
 
-if __name__ == "__main__":
+def command_line() -> None:
+    """The whole command once the hash seed is pinned: `seed=3` and torchrun's folder agreement,
+    Hydra's composition (its errors as one line), the run or sweep, the exit status."""
     sys.argv = launch.torchrun_argv(launch.expand_seed_shorthand(sys.argv))
     with composition.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
         main()
@@ -341,3 +344,7 @@ if __name__ == "__main__":
     distributed.leave(1 if SweepReport.failed_jobs else 0)
     if SweepReport.failed_jobs:
         raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    command_line()

@@ -34,11 +34,11 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from repro.errors import ConfigError, UserError, exit_with
-from repro.files import write_json_atomic, write_text_atomic
-from repro.sweeps import DECISION_FILE, verdict
-from repro.sweeps.report import number, read_job
-from repro.sweeps.stats import summarize
+from repro.core.errors import ConfigError, UserError, exit_with
+from repro.core.files import write_json_atomic, write_text_atomic
+from repro.core.sweeps import DECISION_FILE, verdict
+from repro.core.sweeps.report import number, read_job
+from repro.core.sweeps.stats import summarize
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Hydra builds sweepers only from the `hydra_plugins` package: this names repro's Optuna study
-sweeper there (`hydra/sweeper=optuna_study`). It imports repro.search, and optuna, only when a
+sweeper there (`hydra/sweeper=optuna_study`). It imports repro.extras.search, and optuna, only when a
 sweep uses it, since Hydra imports every module here whenever it starts."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ logging.getLogger("alembic").setLevel(logging.WARNING)
 
 class StudySweeper(Sweeper):
     def __init__(self, **settings: Any) -> None:
-        from repro.search.sweeper import StudySweeperImpl
+        from repro.extras.search.sweeper import StudySweeperImpl
 
         self.sweeper = StudySweeperImpl(**settings)
 

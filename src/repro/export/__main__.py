@@ -1,6 +1,6 @@
 """`python -m repro.export ckpt=... format=...`: see repro.export.command."""
 
-from repro.runtime.launch import pin_hash_seed
+from repro.core.runtime.launch import pin_hash_seed
 
 pin_hash_seed("repro.export")  # before torch is imported, so the re-exec costs next to nothing
 

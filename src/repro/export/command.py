@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from repro import build
-from repro.data.sources import ImageFiles
-from repro.errors import (
+from repro.core import build
+from repro.core.data.sources import ImageFiles
+from repro.core.errors import (
     CheckpointError,
     ConfigError,
     DataError,
@@ -33,12 +33,12 @@ from repro.errors import (
     exit_with,
     warnings_to_stderr,
 )
+from repro.core.files import atomic_path, write_json_atomic, writing
+from repro.core.guards.network import offline
+from repro.core.restore import Restored, arguments, classes_of, output_file, restore
+from repro.core.runs.integrity import KEY as DIGEST
 from repro.export.formats import FORMATS, OPSET, ExportError, Normalised, parity, write
-from repro.files import atomic_path, write_json_atomic, writing
-from repro.guards.network import offline
 from repro.predict import image_files
-from repro.runs.integrity import KEY as DIGEST
-from repro.runs.restore import Restored, arguments, classes_of, output_file, restore
 
 ARGUMENTS = {"format", "weights", "images", "data.root", "tolerance"}  # and restore.SHARED
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript.pt", "safetensors": ".safetensors"}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from repro.errors import ConfigError, UserError
+from repro.core.errors import ConfigError, UserError
 
 FORMATS = ("onnx", "torchscript", "safetensors")
 OPSET = 18  # onnxruntime has run it since 1.14 (2023); newer opsets shut out older runtimes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from repro.errors import UserError, exit_with
+from repro.core.errors import UserError, exit_with
 
 # In the wheel, hatch puts README.md and docs/ here; in a template checkout they are at its root.
 SHIPPED = Path(__file__).resolve().parent / "docs"

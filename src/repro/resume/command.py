@@ -16,7 +16,7 @@ hash of its source.patch are compared with this checkout's; any difference is li
 resume refused (exit 2) unless `force=true`.
 
 A sweep or run folder may come from someone else, so its records are data: the relaunch takes
-from them only overrides `repro.resume.overrides` lets through (values of the run's keys,
+from them only overrides `repro.core.overrides` lets through (values of the run's keys,
 config-group options, the launcher's choice and job count; never a `_target_`, another Hydra
 setting or an interpolation) and a hash seed that is one; the config is repro.train's own. It
 runs in this process's working directory, never the recorded one, and imports nothing from it
@@ -37,14 +37,14 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from repro.errors import ConfigError, DataError, UserError, exit_with, one_line
-from repro.files import write_text_atomic
-from repro.guards import folders, received
-from repro.guards.text import for_terminal
-from repro.resume import overrides as recorded_overrides
-from repro.runs import run_lock
-from repro.runs.history import ATTEMPTS_FILE, RunHistory
-from repro.sweeps import ERROR_FILE, render, report
+from repro.core import overrides as recorded_overrides
+from repro.core.errors import ConfigError, DataError, UserError, exit_with, one_line
+from repro.core.files import write_text_atomic
+from repro.core.guards import folders, received
+from repro.core.runs import run_lock
+from repro.core.runs.history import ATTEMPTS_FILE, RunHistory
+from repro.core.sweeps import ERROR_FILE, render, report
+from repro.core.text import for_terminal
 
 USAGE = "python -m repro.resume PATH [force=true] [trust=true] [PLACE=VALUE ...]"
 SWEEP_RECORD = "multirun.yaml"
@@ -142,8 +142,8 @@ def environment_changes(run_dirs: list[Path]) -> list[str]:
     """Each difference between what the folders recorded and this checkout, once."""
     import torch
 
-    from repro.runtime import environment
-    from repro.runtime.devices import select_device
+    from repro.core.runtime import environment
+    from repro.core.runtime.devices import select_device
     from repro.verify.command import environment_changes as changes
 
     described: dict[str, dict[str, Any]] = {}  # device type -> this machine's description
@@ -168,7 +168,7 @@ def _before_running(path: Path, recorded: list[Path], unfinished: list[Path], fo
     """Refuse (one line) a changed environment unless `force`, listing what changed first;
     then, with the run lock's message, a folder a live process trains in. The lock is taken
     and let go: a dead owner's run.lock goes, as the next run there would remove it."""
-    from repro.runtime import distributed
+    from repro.core.runtime import distributed
 
     changes = environment_changes(recorded)
     for line in changes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from repro.errors import UserError, exit_with
+from repro.core.errors import UserError, exit_with
 from repro.shards.format import parse_manifest
 from repro.shards.pack import pack, parse_size
 from repro.shards.store import open_store

@@ -6,7 +6,7 @@ shuffled, then the samples inside each window of `window` consecutive shards. A 
 shards are read from start to end once in the epoch, so each worker reads a few files
 sequentially instead of seeking across the whole dataset, and an object store serves whole
 shards instead of one request per image. Every rank computes the same global order and the
-sampler slices it as for any dataset (repro.data.samplers.EpochBatches), so the weights do not
+sampler slices it as for any dataset (repro.core.data.samplers.EpochBatches), so the weights do not
 depend on the number of workers or processes, and a resumed run starts at its saved batch
 without reading what came before it. A subset (the validation split carved out of train,
 `data.fraction`) keeps each sample's shard, so its order is shard-aware too.
@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from repro.data.datasets import Splits, carve_validation, folder
-from repro.data.sources import torchvision_decoder
-from repro.errors import ConfigError, DataError
-from repro.guards import received
-from repro.runtime.seeding import torch_generator
+from repro.core.data.datasets import Splits, carve_validation, folder
+from repro.core.data.sources import torchvision_decoder
+from repro.core.errors import ConfigError, DataError
+from repro.core.guards import received
+from repro.core.runtime.seeding import torch_generator
 from repro.shards.format import Manifest, Shard, parse_manifest
 from repro.shards.store import Store, open_shard, open_store
 
@@ -41,7 +41,7 @@ NPY_MAGIC = b"\x93NUMPY"  # pixels decoded at packing time (pack --pixels)
 
 
 class ShardImages:
-    """One split of a sharded dataset: a Source (repro.data.sources) whose samples are read
+    """One split of a sharded dataset: a Source (repro.core.data.sources) whose samples are read
     one seek and one read each, with `epoch_order` for the sampler and `digest` for the
     fingerprint and resume checks."""
 

@@ -28,8 +28,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from repro.errors import DataError
-from repro.guards import received
+from repro.core.errors import DataError
+from repro.core.guards import received
 
 FORMAT = "repro-shards/1"
 MANIFEST = "manifest.json"

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from repro.data.sources import IMAGE_SUFFIXES
-from repro.errors import DataError
-from repro.files import write_text_atomic, writing
-from repro.guards import received
+from repro.core.data.sources import IMAGE_SUFFIXES
+from repro.core.errors import DataError
+from repro.core.files import write_text_atomic, writing
+from repro.core.guards import received
 from repro.shards.dataset import decode_bytes
 from repro.shards.format import MANIFEST, SPLITS, manifest_text, write_shard
 

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from repro.errors import DataError
-from repro.guards import received
+from repro.core.errors import DataError
+from repro.core.guards import received
 from repro.shards.format import MANIFEST, Shard
 
 CHUNK = 8 << 20

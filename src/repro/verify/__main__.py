@@ -1,7 +1,7 @@
 """`python -m repro.verify RUN_DIR ...` (repro.verify.command) or `--against REV ...`
 (repro.verify.against)."""
 
-from repro.runtime.launch import pin_hash_seed
+from repro.core.runtime.launch import pin_hash_seed
 
 # Before torch is imported, so the re-exec costs next to nothing.
 pin_hash_seed("repro.verify")

@@ -28,9 +28,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from repro.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
-from repro.guards import received
-from repro.runs.fingerprint_log import FingerprintLog, Row, first_divergence
+from repro.core.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
+from repro.core.guards import received
+from repro.core.runs.fingerprint_log import FingerprintLog, Row, first_divergence
 
 USAGE = "python -m repro.verify --against REV [steps=N] [threads=N] [key=value ...]"
 PACKAGE = __name__.split(".")[0]

@@ -8,7 +8,7 @@ per-step fingerprints (loss to full precision, weights hash every K steps) are c
 Prints every difference between the recorded and the current environment, those known to
 change floating-point results first, then "identical" or the first divergent step. Exit code
 0 only when identical. A recorded config naming a target this checkout does not trust is
-refused before anything is built or imported, unless `trust=true` (see repro.runs.trust).
+refused before anything is built or imported, unless `trust=true` (see repro.core.runs.trust).
 The rerun logs to no tracker and reaches no network (`download=true` lets it fetch data or
 weights): the recorded config decides results, not what this machine sends.
 """
@@ -23,9 +23,9 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from repro import build, config, schema
-from repro.data import fingerprint
-from repro.errors import (
+from repro.core import build, schema
+from repro.core.data import fingerprint
+from repro.core.errors import (
     BARE,
     ConfigError,
     DataError,
@@ -34,14 +34,14 @@ from repro.errors import (
     one_line,
     warnings_to_stderr,
 )
-from repro.guards import received
-from repro.guards.network import offline
-from repro.guards.text import for_terminal
-from repro.runs import resume
-from repro.runs.fingerprint_log import FingerprintLog, first_divergence
-from repro.runs.trust import as_data
-from repro.runtime import determinism, environment
-from repro.runtime.devices import select_device
+from repro.core.guards import received
+from repro.core.guards.network import offline
+from repro.core.runs import resume
+from repro.core.runs.fingerprint_log import FingerprintLog, first_divergence
+from repro.core.runs.trust import as_data
+from repro.core.runtime import determinism, environment
+from repro.core.runtime.devices import select_device
+from repro.core.text import for_terminal
 from repro.train import train
 
 USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true] [download=true]"
@@ -61,7 +61,7 @@ class Verdict:
 
 def environment_changes(recorded: dict, current: dict) -> list[str]:
     """One line per difference; those known to change floating-point results first, marked."""
-    before, now = config.flatten(recorded), config.flatten(current)
+    before, now = schema.flatten(recorded), schema.flatten(current)
     lines = []
     for key in sorted(before.keys() | now.keys()):
         if before.get(key) != now.get(key):
@@ -147,7 +147,7 @@ def verify(
     """Re-run `run_dir`'s config (its first `steps` steps, with its thread count unless
     `threads` is given) and compare with what it recorded. Data that differs from the
     recorded run's is reported without training. `trust`: build targets this checkout does
-    not know of (see repro.runs.trust); `download`: fetch missing data (the recorded config's
+    not know of (see repro.core.runs.trust); `download`: fetch missing data (the recorded config's
     `data.download` is never followed, nor its trackers)."""
     resolved = run_dir / "resolved_config.yaml"
     fingerprints = FingerprintLog.of_run(run_dir).path

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from repro.files import write_text_atomic
+from repro.core.files import write_text_atomic
 
 COMMIT = re.compile(r"[0-9a-f]{7,40}")  # what git log is given: never an option
 COMMIT_LINE = re.compile(r'^engine_commit = "([^"]*)"', re.MULTILINE)

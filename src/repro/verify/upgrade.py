@@ -30,10 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from repro.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
-from repro.guards import received
-from repro.runs.fingerprint_log import FingerprintLog
-from repro.verify import explain
+from repro.core.errors import BARE, ConfigError, UserError, exit_with, warnings_to_stderr
+from repro.core.guards import received
+from repro.core.runs.fingerprint_log import FingerprintLog
+from repro.verify import explain, imports
 from repro.verify.against import CONFIG, DEFAULT_STEPS, EVERY_STEP, PACKAGE, Side, difference
 
 USAGE = (
@@ -225,11 +225,25 @@ def experiments(value: str, project: Path) -> list[str]:
     return names
 
 
+def check_surface(project: Path) -> None:
+    """Refuse, before anything is built, a project whose code imports the engine past
+    `repro.api`: the next engine may have moved what it imports. One line per import."""
+    reaching = imports.internal_imports(project / "src")
+    for line in reaching:
+        print(line, file=sys.stderr)
+    if reaching:
+        raise UserError(
+            f"{len(reaching)} import(s) of the project's code reach past {imports.SURFACE} "
+            "(above): import those names from it, then upgrade"
+        )
+
+
 def main(argv: list[str]) -> None:
     warnings_to_stderr(BARE)
     project = Path.cwd()
     try:
         engine, steps, checks, overrides = parse(argv, project)
+        check_surface(project)
         check_committed(project)
         target, old_commit = pinned_wheel(project), explain.recorded_commit(project)
         with tempfile.TemporaryDirectory(prefix=f"{PACKAGE}-upgrade-") as folder:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro.files import write_json_atomic
+from repro.api import write_json_atomic
 
 
 class ConfusionLog:

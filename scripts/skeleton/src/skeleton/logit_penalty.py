@@ -6,7 +6,7 @@ each name becomes a train_<name> and val_<name> column of metrics.csv."""
 from __future__ import annotations
 
 import torch
-from repro.objectives import CrossEntropy, Targets
+from repro.api import CrossEntropy, Targets
 
 
 class LogitPenalty(CrossEntropy):

@@ -16,9 +16,7 @@ import math
 from typing import Any
 
 import torch
-from repro.data.datasets import Splits, carve_validation
-from repro.data.sources import TensorImages
-from repro.errors import ConfigError
+from repro.api import ConfigError, Splits, TensorImages, carve_validation
 
 
 def stripes(cfg: Any, seed: int, *, noise: float = 0.1) -> Splits:

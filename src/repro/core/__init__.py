@@ -1,0 +1,1 @@
+"""The machinery every run uses (docs/architecture.md has the layers)."""
