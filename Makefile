@@ -19,9 +19,11 @@ help:
 
 setup: .venv/.synced
 
-.venv/.synced: pyproject.toml uv.lock Makefile
+# The start-up hook (src/repro_safe_path.pth) is copied into the environment, not linked:
+# a change to it reinstalls the package.
+.venv/.synced: pyproject.toml uv.lock Makefile src/repro_safe_path.pth
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	$(UV) sync --locked --compile-bytecode --extra dev --extra launchers --extra trackers --extra export --extra s3
+	$(UV) sync --locked --compile-bytecode --reinstall-package repro --extra dev --extra launchers --extra trackers --extra export --extra s3
 	@touch $@
 
 train: setup

@@ -8,9 +8,9 @@ bench.json and bench.md into the run folder, outputs/bench/<date>/<time>-<id>/.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.core.runtime.launch import pin_hash_seed
+    from repro.core.runtime.launch import start
 
-    pin_hash_seed("benchmarks")
+    start("benchmarks")
 
 import sys
 from pathlib import Path

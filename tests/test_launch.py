@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -18,12 +20,28 @@ def test_the_entry_point_is_run_again_with_the_hash_seed_set_once(monkeypatch):
     monkeypatch.setattr(os, "execv", lambda path, argv: runs.append((path, argv)))
     monkeypatch.setattr(sys, "argv", ["/somewhere/train.py", "seed=3", "amp=bf16"])
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    launch.pin_hash_seed("repro.train")
+    launch.start("repro.train")
     assert os.environ["PYTHONHASHSEED"] == "0"
-    assert runs == [(sys.executable, [sys.executable, "-m", "repro.train", "seed=3", "amp=bf16"])]
+    again = [sys.executable, "-P", "-m", "repro.train", "seed=3", "amp=bf16"]
+    assert runs == [(sys.executable, again)]
     monkeypatch.setenv("PYTHONHASHSEED", "")  # set, even if empty: the user's choice
-    launch.pin_hash_seed("repro.train")
+    launch.start("repro.train")
     assert len(runs) == 1 and os.environ["PYTHONHASHSEED"] == ""
+    monkeypatch.delenv("PYTHONHASHSEED")
+    launch.start("repro.report", hash_seed=False)  # a tool that rebuilds no run: never again
+    assert len(runs) == 1 and "PYTHONHASHSEED" not in os.environ
+
+
+def test_start_takes_the_working_directory_off_the_path_and_lets_it_be_named_again(
+    monkeypatch, tmp_path
+):
+    monkeypatch.chdir(tmp_path)
+    here = os.getcwd()
+    monkeypatch.setattr(sys, "path", [here, "/elsewhere", here])  # a user's own entry kept
+    monkeypatch.setitem(sys.path_importer_cache, here, None)  # as the start-up hook leaves it
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    launch.start("repro.train")
+    assert sys.path == ["/elsewhere", here] and here not in sys.path_importer_cache
 
 
 def test_the_command_typed_is_kept_quoted_as_a_shell_would_need_it(monkeypatch):
@@ -129,3 +147,22 @@ def test_torchrun_ranks_share_rank_zeros_name_and_only_it_writes_hydras_files(mo
     monkeypatch.setattr(distributed, "broadcast", lambda value, context: value)
     launch.torchrun_argv(["seed=1"])
     assert joined[-1] == "gloo"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+@pytest.mark.parametrize(("hash_seed", "starts"), [("0", 1), (None, 2)])
+def test_a_command_starts_one_interpreter_or_two_when_the_hash_seed_is_unset(
+    tmp_path, hash_seed, starts
+):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHASHSEED", "PYTHONSAFEPATH")}
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = hash_seed
+    trace = tmp_path / "trace"
+    command = [sys.executable, "-m", "repro.verify", "--against"]  # a usage error, at once
+    done = subprocess.run(
+        ["strace", "-f", "-e", "trace=execve", "-o", str(trace), *command],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
+    started = [line for line in trace.read_text().splitlines() if "execve(" in line]
+    assert sum(sys.executable in line for line in started) == starts, started

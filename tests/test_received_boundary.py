@@ -14,6 +14,7 @@ import io
 import os
 import shutil
 import signal
+import site
 import struct
 import subprocess
 import sys
@@ -330,6 +331,7 @@ def test_a_repro_package_planted_in_the_working_directory_is_never_imported(tmp_
     marker = tmp_path / "imported"
     (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     (planted.parent / "torch.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (planted.parent / "runpy.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
     done = subprocess.run(
         [sys.executable, *start, "ckpt=."],
@@ -358,7 +360,11 @@ def test_other_commands_keep_their_working_directory_on_the_path(tmp_path):
 
 def test_the_interpreter_start_hook_ships_with_the_engine():
     hook = ROOT / "src" / "repro_safe_path.pth"
-    assert "os.execv" in hook.read_text()
+    # The working directory is marked as a place no import looks in; no second interpreter.
+    assert "sys.path_importer_cache[os.getcwd()] = None" in hook.read_text()
+    assert "execv" not in hook.read_text()
+    installed = [Path(folder) / hook.name for folder in site.getsitepackages()]
+    assert [path.read_text() for path in installed if path.exists()] == [hook.read_text()]
     assert (
         '"src/repro_safe_path.pth" = "repro_safe_path.pth"' in (ROOT / "pyproject.toml").read_text()
     )

@@ -14,9 +14,9 @@ unless `trust=true` (see repro.core.runs.trust).
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.core.runtime.launch import pin_hash_seed
+    from repro.core.runtime.launch import start
 
-    pin_hash_seed("repro.evaluate")
+    start("repro.evaluate")
 
 import sys
 from pathlib import Path

@@ -15,9 +15,9 @@ checkout does not trust is refused unless `trust=true` (see repro.core.runs.trus
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.core.runtime.launch import pin_hash_seed
+    from repro.core.runtime.launch import start
 
-    pin_hash_seed("repro.predict")
+    start("repro.predict")
 
 import csv
 import io

@@ -37,4 +37,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from repro.core.runtime.launch import start
+
+    start("repro.report", hash_seed=False)  # rebuilds no run: no hash seed to pin
     main(sys.argv[1:])

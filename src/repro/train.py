@@ -7,9 +7,9 @@ there is a checkpoint, train, write the summary.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before torch is imported, so the re-exec costs next to nothing
-    from repro.core.runtime.launch import pin_hash_seed, record_command
+    from repro.core.runtime.launch import record_command, start
 
-    pin_hash_seed("repro.train")
+    start("repro.train")
     record_command("repro.train")
 
 import copy

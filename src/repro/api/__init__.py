@@ -66,7 +66,7 @@ def main(config_path: str | os.PathLike[str]) -> None:
     `if __name__ == "__main__":`."""
     module = getattr(sys.modules["__main__"].__spec__, "name", None)
     if module:  # `python -m NAME.train`: PYTHONHASHSEED is pinned for that same command
-        launch.pin_hash_seed(module)
+        launch.start(module)
         launch.record_command(module)
     conf = Path(config_path).resolve()
     sys.argv = [sys.argv[0], f"--config-path={conf}", *sys.argv[1:]]

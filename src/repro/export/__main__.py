@@ -1,8 +1,8 @@
 """`python -m repro.export ckpt=... format=...`: see repro.export.command."""
 
-from repro.core.runtime.launch import pin_hash_seed
+from repro.core.runtime.launch import start
 
-pin_hash_seed("repro.export")  # before torch is imported, so the re-exec costs next to nothing
+start("repro.export")  # before torch is imported, so the re-exec costs next to nothing
 
 import sys  # noqa: E402
 

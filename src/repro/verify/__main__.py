@@ -1,10 +1,10 @@
 """`python -m repro.verify RUN_DIR ...` (repro.verify.command) or `--against REV ...`
 (repro.verify.against)."""
 
-from repro.core.runtime.launch import pin_hash_seed
+from repro.core.runtime.launch import start
 
 # Before torch is imported, so the re-exec costs next to nothing.
-pin_hash_seed("repro.verify")
+start("repro.verify")
 
 import sys  # noqa: E402
 

@@ -1,7 +1,8 @@
 """What an entry point does before Hydra parses anything; imports nothing heavy.
 
-- PYTHONHASHSEED is read only when an interpreter starts, so if the user has not set it we
-  set it and re-execute the entry point once; children inherit it.
+- `start`: the working directory leaves sys.path, and PYTHONHASHSEED, read only when an
+  interpreter starts, is pinned: unset, we set it and re-execute the entry point once (two
+  interpreters in all); children inherit it.
 - `seed=3` is shorthand for `seed.value=3` (seed is also a config group: fixed | random).
 - The command the user typed is kept in the environment for the run records of every job.
 - A run's time stamp and random id, shared by this process, its launcher workers and (through
@@ -16,6 +17,7 @@ import secrets
 import shlex
 import sys
 import time
+from pathlib import Path
 
 DEFAULT_HASH_SEED = "0"
 COMMAND_VARIABLE = "REPRO_COMMAND"
@@ -23,12 +25,26 @@ _SEED_GROUP_OPTIONS = {"fixed", "random"}
 _SEED_ARG = re.compile(r"^seed=(.+)$")
 
 
-def pin_hash_seed(module: str) -> None:
-    """Re-exec `python -m module ...` with PYTHONHASHSEED set, unless it is set already."""
-    if "PYTHONHASHSEED" in os.environ:
-        return
-    os.environ["PYTHONHASHSEED"] = DEFAULT_HASH_SEED
-    os.execv(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]])
+def start(module: str, hash_seed: bool = True) -> None:
+    """What `python -m module` does first, decided here alone: the working directory leaves
+    sys.path (it was never looked in: see src/repro_safe_path.pth), and, where the command
+    trains or rebuilds a run (`hash_seed`) and PYTHONHASHSEED is unset, the command starts
+    once more with it set (Python reads it only at start-up): two interpreters at most."""
+    if not sys.flags.safe_path:  # `-m` put the working directory first on sys.path
+        here = _working_directory()
+        if sys.path and here is not None and sys.path[0] == here:
+            del sys.path[0]
+        sys.path_importer_cache.pop(here, None)  # an entry named again later imports as usual
+    if hash_seed and "PYTHONHASHSEED" not in os.environ:
+        os.environ["PYTHONHASHSEED"] = DEFAULT_HASH_SEED
+        os.execv(sys.executable, [sys.executable, "-P", "-m", module, *sys.argv[1:]])
+
+
+def _working_directory() -> str | None:
+    try:
+        return str(Path.cwd())
+    except OSError:  # removed under us: then nothing can be imported from it either
+        return None
 
 
 def record_command(module: str) -> None:
