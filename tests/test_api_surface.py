@@ -119,8 +119,11 @@ def test_the_test_kit_warns_of_each_import_past_the_surface(tmp_path):
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "default"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-2000:]
     line = "a.py:1: from repro.files import atomic_path: internal to the engine; use from "
     assert sum(line in said for said in done.stdout.splitlines()) == 1, done.stdout[-2000:]
@@ -142,10 +145,20 @@ def test_main_trains_a_projects_own_config_from_its_own_entry_point(tmp_path):
     env.pop("PYTHONHASHSEED", None)  # main pins it for the project's own command
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "lab.train", *TINY, "dataloader.num_workers=0",
-         f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lab.train",
+            *TINY,
+            "dataloader.num_workers=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] and summary["epoch"] == 1

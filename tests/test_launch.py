@@ -161,8 +161,12 @@ def test_a_command_starts_one_interpreter_or_two_when_the_hash_seed_is_unset(
     command = [sys.executable, "-m", "repro.verify", "--against"]  # a usage error, at once
     done = subprocess.run(
         ["strace", "-f", "-e", "trace=execve", "-o", str(trace), *command],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
     started = [line for line in trace.read_text().splitlines() if "execve(" in line]
     assert sum(sys.executable in line for line in started) == starts, started

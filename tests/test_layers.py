@@ -31,8 +31,12 @@ def lint(tree: Path) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(tree / "src"), "PATH": str(LINT.parent), "HOME": str(tree)}
     return subprocess.run(
         [str(LINT), "--no-cache", "--no-logo", str(ROOT / "pyproject.toml")],
-        cwd=tree, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_checkout_keeps_every_contract():

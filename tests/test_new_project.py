@@ -415,6 +415,19 @@ def test_a_fresh_clone_of_a_project_sets_up_trains_and_tests_within_its_budget(l
     assert len(git("ls-files", cwd=clone).split()) <= 40 and own_python_lines(clone) <= 400
     (summary,) = (clone / "outputs" / "runs").glob("**/summary.json")
     assert json.loads(summary.read_text())["val_acc"] >= 0.95  # the first `make train` learns
+    # The project's own entry point trained; the engine's, typed here, refuses in one line.
+    done = subprocess.run(
+        ["uv", "run", "--locked", "python", "-m", "repro.train"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"error: this folder is the project {LAB}: train it with `python -m {LAB}.train` "
+        "(`python -m repro.train` trains the engine's own defaults, not its conf/)"
+    ], done.stderr[-2000:]
 
     # The template's daily commands, as the project's README gives them.
     sweep = tmp_path / "sweep"

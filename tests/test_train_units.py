@@ -498,3 +498,22 @@ def test_the_summarys_data_fingerprint_is_of_the_files_under_the_data_root(tmp_p
     data = build.splits(compose_config(*run), summary["seed"])
     assert summary["data"] == fingerprint.fingerprint(data, str(tree))
     assert summary["data"] != fingerprint.fingerprint(data, None), "paths relative to the root"
+
+
+def test_in_a_projects_folder_the_engines_own_train_refuses_and_names_the_projects(
+    tmp_path, monkeypatch
+):
+    from repro.core.runs import trust
+
+    project = tmp_path / "lab"
+    project.mkdir()
+    monkeypatch.setattr(trust, "installed_projects", lambda: {"lab": project})
+    with pytest.raises(UserError) as refused:
+        train._refuse_a_projects_folder(["seed=3"], project)
+    assert str(refused.value) == (
+        "this folder is the project lab: train it with `python -m lab.train` "
+        "(`python -m repro.train` trains the engine's own defaults, not its conf/)"
+    )
+    train._refuse_a_projects_folder([f"--config-path={project / 'conf'}"], project)  # asked
+    train._refuse_a_projects_folder(["-cp", str(project / "conf")], project)
+    train._refuse_a_projects_folder(["seed=3"], tmp_path)  # another folder: the engine's own

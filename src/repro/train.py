@@ -32,7 +32,7 @@ from repro.core.engine.loop import Trainer
 from repro.core.errors import StorageError, UserError, exit_with, one_line
 from repro.core.files import write_json_atomic, write_text_atomic
 from repro.core.guards import folders, received
-from repro.core.runs import history, resume, run_lock
+from repro.core.runs import history, resume, run_lock, trust
 from repro.core.runs.checkpoint import Checkpointer
 from repro.core.runtime import determinism, distributed, environment, launch, seeding
 from repro.core.sweeps import ERROR_FILE
@@ -334,9 +334,27 @@ def _swept_value(summary: dict[str, Any]) -> float | None:
     return summary.get("val_acc", summary.get("test_acc"))
 
 
+def _refuse_a_projects_folder(argv: list[str], here: Path) -> None:
+    """In a project's checkout, `python -m repro.train` would compose the engine's defaults,
+    not the project's conf/: refuse, naming the project's own command (an explicit
+    `--config-path` is the user's choice)."""
+    if any(arg.startswith(("--config-path", "-cp")) for arg in argv):
+        return
+    for name, root in trust.installed_projects().items():
+        if root == here.resolve():
+            raise UserError(
+                f"this folder is the project {name}: train it with `python -m {name}.train` "
+                "(`python -m repro.train` trains the engine's own defaults, not its conf/)"
+            )
+
+
 def command_line() -> None:
     """The whole command once the hash seed is pinned: `seed=3` and torchrun's folder agreement,
     Hydra's composition (its errors as one line), the run or sweep, the exit status."""
+    try:
+        _refuse_a_projects_folder(sys.argv[1:], Path.cwd())
+    except UserError as error:
+        exit_with(error)
     sys.argv = launch.torchrun_argv(launch.expand_seed_shorthand(sys.argv))
     with composition.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
         main()

@@ -181,16 +181,24 @@ def config_dirs() -> list[Path]:
     installed package can run code already, so trusting the YAML its checkout tracks adds
     nothing, and a folder merely beside the user (the working directory) is never trusted."""
     found = [CONF]
-    for entry in importlib.metadata.entry_points(group=f"{PACKAGE}.projects"):
-        try:
-            spec = importlib.util.find_spec(entry.module)  # located, not imported
-        except (ImportError, ValueError):
-            continue
-        if spec is None or spec.origin is None:
-            continue
-        conf = Path(spec.origin).resolve().parents[2] / "conf"  # src/<name>/__init__.py
+    for root in installed_projects().values():
+        conf = root / "conf"
         if conf.is_dir() and conf not in found:
             found.append(conf)
+    return found
+
+
+def installed_projects() -> dict[str, Path]:
+    """Package -> its checkout, for each installed project in the `repro.projects` entry-point
+    group (located, never imported)."""
+    found = {}
+    for entry in importlib.metadata.entry_points(group=f"{PACKAGE}.projects"):
+        try:
+            spec = importlib.util.find_spec(entry.module)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.origin is not None:
+            found[entry.module] = Path(spec.origin).resolve().parents[2]  # src/<name>/__init__.py
     return found
 
 
