@@ -5,6 +5,7 @@ and docs/architecture.md's picture of the layers is the one the contracts draw."
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -122,12 +123,14 @@ def drawn_layers() -> str:
     independent = ", ".join(name.rsplit(".", 1)[1] for name in found["extras-apart"]["modules"])
     lines = ["```text", "top: may import what is below it, never what is above"]
     for layer in found["tiers"]["layers"]:
-        names = [name.strip().removeprefix("repro.") for name in layer.split(":")]
+        names = [name.strip().removeprefix("repro.") for name in re.split("[:|]", layer)]
         note = f"   (apart: {independent})" if names == ["extras"] else ""
         lines.append(f"  {'  '.join(names)}{note}")
         if names == ["core"]:
             for inner in found["core-layers"]["layers"]:
-                parts = [name.strip().removeprefix("repro.core.") for name in inner.split(":")]
+                parts = [
+                    name.strip().removeprefix("repro.core.") for name in re.split("[:|]", inner)
+                ]
                 lines.append(f"      {'  '.join(parts)}")
     return "\n".join([*lines, "bottom", "```"])
 

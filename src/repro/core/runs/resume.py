@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from repro.core import schema
+from repro.core import relocated, schema
 from repro.core.data import datasets
 from repro.core.data.datasets import Splits
 from repro.core.errors import CheckpointError
@@ -54,31 +54,6 @@ MOVED = {
     "repro.models.whitened_cnn.WhitenedCNN": "repro.recipes.whitened_cnn.WhitenedCNN",
     "repro.models.resnet9.ResNet9": "repro.recipes.resnet9.ResNet9",
 }
-# Where the engine's modules were before its tiers became folders (core/, extras/): a recorded
-# `_target_` under an old name is read under today's (the longest old name that fits wins).
-RELOCATED = {
-    "repro.errors": "repro.core.errors",
-    "repro.files": "repro.core.files",
-    "repro.guards": "repro.core.guards",
-    "repro.runtime": "repro.core.runtime",
-    "repro.schema": "repro.core.schema",
-    "repro.config": "repro.core.config",
-    "repro.build": "repro.core.build",
-    "repro.callbacks": "repro.core.watch.callbacks",
-    "repro.objectives": "repro.core.tasks.objectives",
-    "repro.tasks": "repro.core.tasks",
-    "repro.data": "repro.core.data",
-    "repro.runs": "repro.core.runs",
-    "repro.watch": "repro.core.watch",
-    "repro.sweeps": "repro.core.sweeps",
-    "repro.engine": "repro.core.engine",
-    "repro.components": "repro.extras.components",
-    "repro.models": "repro.extras.models",
-    "repro.recipes": "repro.extras.recipes",
-    "repro.multilabel": "repro.extras.multilabel",
-    "repro.search": "repro.extras.search",
-    "repro.testkit": "repro.extras.testkit",
-}
 LOOKAHEAD = "repro.extras.recipes.lookahead.Lookahead"  # once `trainer.lookahead_every` and its kin
 AVERAGE = "repro.extras.components.ema.WeightAverage"  # once `trainer.ema_decay`
 
@@ -116,7 +91,7 @@ def upgrade(recorded: dict[str, Any]) -> dict[str, Any]:
 
 
 def _relocated(node: Any) -> Any:
-    """`node` with every `_target_` named as today's layout names it (`RELOCATED`)."""
+    """`node` with every `_target_` named as today's layout names it (`relocated`)."""
     if isinstance(node, list):
         return [_relocated(item) for item in node]
     if not isinstance(node, dict):
@@ -124,10 +99,7 @@ def _relocated(node: Any) -> Any:
     moved = {key: _relocated(value) for key, value in node.items()}
     target = moved.get("_target_")
     if isinstance(target, str):
-        for old in sorted(RELOCATED, key=len, reverse=True):
-            if target.startswith(f"{old}."):
-                moved["_target_"] = RELOCATED[old] + target[len(old) :]
-                break
+        moved["_target_"] = relocated.new_name(target)
     return moved
 
 
