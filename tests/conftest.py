@@ -16,9 +16,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-import repro.train  # registers the schema and resolvers
+from repro.core import config, run
 from repro.core.runtime import determinism
 from repro.core.runtime.launch import expand_seed_shorthand
+
+config.register()  # the schemas and resolvers, as `python -m repro.train` registers them
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -59,7 +61,7 @@ def train_in_process(run_dir: Path, *overrides: str) -> dict[str, Any]:
     """Compose the config as the command line would and run one training in this process."""
     cfg = compose_config(*overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return repro.train.train(cfg, run_dir)
+    return run.train(cfg, run_dir)
 
 
 def run_cli(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300):

@@ -9,8 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from torchvision.transforms import v2
 
-import repro.train
-from repro.core import build
+from repro.core import build, run
 from repro.core.data.transforms import TorchvisionSteps
 from repro.core.engine.mixing import BatchMixer
 from repro.core.errors import ConfigError
@@ -76,7 +75,7 @@ def test_a_yaml_list_of_torchvision_transforms_trains_the_same_for_any_worker_co
         cfg.augment = OmegaConf.merge(cfg.augment, OmegaConf.create(YAML_PIPELINE))
         run_dir = tmp_path / f"w{workers}"
         run_dir.mkdir()
-        hashes.append(repro.train.train(cfg, run_dir)["weights_sha256"])
+        hashes.append(run.train(cfg, run_dir)["weights_sha256"])
     assert hashes[0] == hashes[1]
     plain = train_in_process(tmp_path / "plain", *tiny("trainer.epochs=2"))
     assert plain["weights_sha256"] != hashes[0], "the transforms must have changed the images"

@@ -44,19 +44,19 @@ def test_an_error_is_named_by_its_type_first_line_and_the_projects_own_frame(tmp
 
 
 def test_a_run_that_raises_is_one_run_failed_error_with_its_trace(tmp_path, monkeypatch):
-    import repro.train
+    from repro.core import run
 
     def failing(config, run_dir):
         raise ValueError("the objective's own bug")
 
-    monkeypatch.setattr(repro.train, "train", failing)
+    monkeypatch.setattr(run, "train", failing)
     with pytest.raises(RunFailedError) as failed:
         runs.in_process({}, tmp_path / "run", tmp_path)
     assert failed.value.line.startswith("ValueError: the objective's own bug (at ")
     assert "Traceback" in failed.value.trace and (tmp_path / "run").is_dir()
     given = []
     monkeypatch.setattr(
-        repro.train, "train", lambda config, run_dir: given.append((config, run_dir)) or {"s": 3}
+        run, "train", lambda config, run_dir: given.append((config, run_dir)) or {"s": 3}
     )
     nested = tmp_path / "scratch" / "straight-1"  # its parent made too
     assert runs.in_process({"seed": 1}, nested, tmp_path) == {"s": 3}

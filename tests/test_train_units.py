@@ -16,10 +16,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from repro import train
-from repro.core import build
+from repro.core import build, run
 from repro.core.data import synthetic
 from repro.core.errors import StorageError, UserError
-from repro.core.runs import checkpoint
+from repro.core.runs import checkpoint, run_lock
 from repro.core.runtime import determinism, distributed, environment, seeding
 from repro.core.sweeps import ERROR_FILE
 
@@ -73,7 +73,7 @@ def straight(tmp_path):
 
     started = time.perf_counter()
     with pytest.MonkeyPatch.context() as patch:  # its own: a test's patches stay the test's
-        patch.setattr(train, "log", said)
+        patch.setattr(run, "log", said)
         patch.setattr(Callbacks, "at_end", at_end)
         patch.setattr(MetricsLog, "finish", finish)
         summary = train_in_process(run_dir, *tiny())
@@ -150,7 +150,7 @@ def test_a_halted_run_resumes_to_the_straight_runs_weights(straight, tmp_path, m
     assert halted["train_s"] > 0, "no evaluation yet: the position's own time"
     assert _attempts(run_dir)[-1]["result"] == "halted"
     said = Logged()
-    monkeypatch.setattr(train, "log", said)
+    monkeypatch.setattr(run, "log", said)
     resumed = train_in_process(run_dir, *tiny())
     assert resumed["resumed_from_step"] == 3 and resumed["step"] == STEPS
     assert resumed["weights_sha256"] == straight[1]["weights_sha256"]
@@ -181,7 +181,7 @@ def test_a_failing_run_closes_its_attempt_with_the_error(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the model would not build")
 
-    monkeypatch.setattr(train.assembly, "trainer", broken)
+    monkeypatch.setattr(run.assembly, "trainer", broken)
     with pytest.raises(RuntimeError, match="would not build"):
         train_in_process(tmp_path, *tiny())
     (attempt,) = _attempts(tmp_path)
@@ -205,7 +205,7 @@ def test_a_failing_run_closes_its_attempt_with_the_error(tmp_path, monkeypatch):
     ],
 )
 def test_an_attempts_result_reads_from_its_summary(fields, result):
-    assert train._result(fields) == result
+    assert run._result(fields) == result
 
 
 @pytest.mark.parametrize(
@@ -265,11 +265,11 @@ def test_a_failed_jobs_error_is_noted_for_the_sweep_report_unless_the_disk_refus
 def test_the_seed_is_the_checkpoints_when_resuming_else_the_configs_or_one_drawn():
     alone = distributed.Context(rank=0, world=1, local_rank=0)
     fixed = compose_config("seed=7")
-    assert train._root_seed(fixed, None, alone) == 7
-    assert train._root_seed(fixed, {"root_seed": 7}, alone) == 7
+    assert run._root_seed(fixed, None, alone) == 7
+    assert run._root_seed(fixed, {"root_seed": 7}, alone) == 7
     drawn = compose_config("seed=random")
-    assert train._root_seed(drawn, {"root_seed": "12"}, alone) == 12
-    seeds = {train._root_seed(drawn, None, alone) for _ in range(3)}
+    assert run._root_seed(drawn, {"root_seed": "12"}, alone) == 12
+    seeds = {run._root_seed(drawn, None, alone) for _ in range(3)}
     assert len(seeds) == 3 and all(isinstance(seed, int) and seed >= 0 for seed in seeds)
 
 
@@ -311,9 +311,9 @@ def command(tmp_path, monkeypatch):
                 raise outcome
             return outcome
 
-        monkeypatch.setattr(train, "train", stand_in)
+        monkeypatch.setattr(run, "train", stand_in)
         monkeypatch.setattr(train, "log", logged)
-        monkeypatch.setattr(train.run_lock, "release", released.append)
+        monkeypatch.setattr(run_lock, "release", released.append)
         return train.main(cfg), logged.calls, released
 
     return call
@@ -417,9 +417,9 @@ def test_a_run_stopped_early_is_complete_at_its_own_last_step_and_one_cut_short_
     tmp_path, monkeypatch
 ):
     asked = []
-    monkeypatch.setattr(train.history, "already_complete", lambda *args: asked.append(args) or True)
-    assert train._already_complete(tmp_path, {"position": {"step": 4}, "stopped_early": True}, 6)
-    assert train._already_complete(tmp_path, {"position": {"step": 4}}, 6)
+    monkeypatch.setattr(run.history, "already_complete", lambda *args: asked.append(args) or True)
+    assert run._already_complete(tmp_path, {"position": {"step": 4}, "stopped_early": True}, 6)
+    assert run._already_complete(tmp_path, {"position": {"step": 4}}, 6)
     assert asked == [(tmp_path, 4, 4), (tmp_path, 4, 6)]
 
 
@@ -435,13 +435,13 @@ def test_a_summary_linked_from_outside_the_folder_is_refused(tmp_path):
     run_dir.mkdir()
     (run_dir / "summary.json").symlink_to(outside)
     with pytest.raises(UserError, match=r"summary\.json"):
-        train.read_summary(run_dir)
+        run.read_summary(run_dir)
 
 
 def test_the_config_asked_for_is_never_written_to(tmp_path):
     cfg = compose_config(*tiny("seed=random", "trainer.max_steps=2"))
     asked = OmegaConf.to_yaml(cfg)
-    summary = train.train(cfg, tmp_path)
+    summary = run.train(cfg, tmp_path)
     assert OmegaConf.to_yaml(cfg) == asked
     recorded = yaml.safe_load((tmp_path / "resolved_config.yaml").read_text())
     assert recorded["seed"]["value"] == summary["seed"] != cfg.seed.value
@@ -471,7 +471,7 @@ def test_an_attempt_failing_after_training_ends_at_the_step_it_reached(tmp_path,
     def broken(*args):
         raise RuntimeError("the test split is gone")
 
-    monkeypatch.setattr(train.final_test, "test_after_fit", broken)
+    monkeypatch.setattr(run.final_test, "test_after_fit", broken)
     with pytest.raises(RuntimeError, match="test split is gone"):
         train_in_process(tmp_path, *tiny("trainer.max_steps=2"))
     (attempt,) = _attempts(tmp_path)
@@ -479,13 +479,13 @@ def test_an_attempt_failing_after_training_ends_at_the_step_it_reached(tmp_path,
 
 
 def test_the_data_root_reaches_the_fingerprint_and_a_resumes_data_check(tmp_path, monkeypatch):
-    roots, real = [], train.resume.check_same_data
+    roots, real = [], run.resume.check_same_data
     monkeypatch.setattr(
-        train.resume, "check_same_data", lambda *args: roots.append(args[2]) or real(*args)
+        run.resume, "check_same_data", lambda *args: roots.append(args[2]) or real(*args)
     )
-    run = tiny("data.root=/data/shapes")  # synthetic data reads no files: a root changes nothing
-    train_in_process(tmp_path, *run, "trainer.halt_at_step=3")
-    resumed = train_in_process(tmp_path, *run)
+    asked = tiny("data.root=/data/shapes")  # synthetic data reads no files: a root changes nothing
+    train_in_process(tmp_path, *asked, "trainer.halt_at_step=3")
+    resumed = train_in_process(tmp_path, *asked)
     assert roots == ["/data/shapes"] and resumed["resumed_from_step"] == 3
 
 
@@ -493,9 +493,9 @@ def test_the_summarys_data_fingerprint_is_of_the_files_under_the_data_root(tmp_p
     from repro.core.data import fingerprint
 
     tree = make_image_tree(tmp_path / "images", per_class=4, side=36)
-    run = [*IMAGEFOLDER, f"data.root={tree}", "trainer.max_steps=1", "trainer.test_weights=last"]
-    summary = train_in_process(tmp_path / "run", *run)
-    data = build.splits(compose_config(*run), summary["seed"])
+    asked = [*IMAGEFOLDER, f"data.root={tree}", "trainer.max_steps=1", "trainer.test_weights=last"]
+    summary = train_in_process(tmp_path / "run", *asked)
+    data = build.splits(compose_config(*asked), summary["seed"])
     assert summary["data"] == fingerprint.fingerprint(data, str(tree))
     assert summary["data"] != fingerprint.fingerprint(data, None), "paths relative to the root"
 

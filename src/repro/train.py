@@ -1,7 +1,8 @@
-"""Train an image classifier: `python -m repro.train [group=option] [key=value] ...`.
+"""Train an image classifier: `python -m repro.train [group=option] [key=value] ... [-m]`.
 
-Reads top to bottom: check the config, apply the knobs, build data and model, resume if
-there is a checkpoint, train, write the summary.
+The command: Hydra composes the config (its errors as one line), `repro.core.run.train` trains
+one run into its folder, a sweep's failed job is recorded and the sweep goes on, and the exit
+status says how it ended. Nothing heavy is imported until a run starts.
 """
 
 from __future__ import annotations
@@ -12,227 +13,29 @@ if __name__ == "__main__":  # before torch is imported, so the re-exec costs nex
     start("repro.train")
     record_command("repro.train")
 
-import copy
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-from torch import nn
+from omegaconf import DictConfig
 
-from repro.core import build, composition, config, tasks
-from repro.core.data import fingerprint
-from repro.core.engine import assembly, final_test
-from repro.core.engine.loop import Trainer
+from repro.core import composition, config
 from repro.core.errors import StorageError, UserError, exit_with, one_line
-from repro.core.files import write_json_atomic, write_text_atomic
-from repro.core.guards import folders, received
-from repro.core.runs import history, resume, run_lock, trust
-from repro.core.runs.checkpoint import Checkpointer
-from repro.core.runtime import determinism, distributed, environment, launch, seeding
+from repro.core.files import write_text_atomic
+from repro.core.guards import folders
+from repro.core.runs import trust
+from repro.core.runtime import launch
 from repro.core.sweeps import ERROR_FILE
 from repro.core.sweeps.callback import SweepReport
 from repro.core.text import for_terminal
-from repro.core.watch import loggers
-from repro.core.watch.loggers import MetricsLog, plot_curves
-from repro.core.watch.metrics import weights_sha256
 
 log = logging.getLogger("repro.train")
 
 config.register()
-
-
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """One training run into `run_dir`; returns what summary.json holds."""
-    started = time.perf_counter()
-    config.validate(cfg)
-    dist = distributed.from_environment()  # under torchrun every rank computes, rank 0 writes
-    distributed.init(dist)
-    # One live process trains in a folder at a time, and never through a link out of it.
-    with run_lock.owned(run_dir, dist):
-        return _train(cfg, run_dir, dist, started)
-
-
-def _train(
-    cfg: DictConfig, run_dir: Path, dist: distributed.Context, started: float
-) -> dict[str, Any]:
-    """`train`, in a run folder this process owns."""
-    knobs = assembly.apply_knobs(cfg, dist)
-
-    # A checkpoint to continue from decides the seed, and must fit the config and the data.
-    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.trainer.keep_checkpoints)
-    state = resume.find(cfg.trainer.resume, checkpointer)
-    root_seed = _root_seed(cfg, state, dist)
-    # What the run records as its config: the one asked for, with the seed it actually used
-    # (drawn, with seed=random). The config asked for is never written to.
-    recorded = copy.deepcopy(cfg)
-    recorded.seed.value = root_seed
-    recorded.trainer.monitor = tasks.monitor(cfg)  # `auto` as the objective's task resolves it
-    if state:
-        resume.check_compatible(state, recorded, knobs.resolved())
-    seeding.seed_globals(root_seed, rank=dist.rank)
-
-    data = build.splits(cfg, root_seed)
-    parts = assembly.build_parts(cfg, knobs, root_seed, data, initialise=state is None)
-    if state:
-        resume.check_same_data(state, parts.data, cfg.data.root)
-    data_fingerprint = fingerprint.fingerprint(parts.data, cfg.data.root) if dist.is_main else None
-    if state and _already_complete(run_dir, state, parts.total_steps):
-        return {**read_summary(run_dir), "already_complete": True}
-
-    # From here on the run writes into its folder: first, this attempt's line in its history,
-    # which says how the attempt ended whatever stops it (but SIGKILL: the next one says so).
-    run_history = history.RunHistory(run_dir)
-    start_step = state["position"]["step"] if state else 0
-    if dist.is_main:
-        env = environment.describe(knobs.device)
-        run_history.begin(recorded, start_step, resume.provenance(state, run_dir), env)
-    trainer = None
-    try:
-        if dist.is_main:
-            resolved = OmegaConf.to_yaml(recorded, resolve=True)
-            write_text_atomic(run_dir / "resolved_config.yaml", resolved)
-        outputs = assembly.outputs(recorded, run_dir, checkpointer, dist)  # trackers log it
-        # What the weights started from stays the first attempt's record (a resume loads none).
-        started_from = state.get("init_weights") if state else parts.initialised
-        saved = {
-            "config": OmegaConf.to_container(recorded, resolve=True),
-            "root_seed": root_seed,
-            "init_weights": started_from,
-            "classes": list(parts.data.classes),  # names for repro.predict's output
-            "split_sizes": resume.split_sizes(parts.data),  # a resume checks its data by them
-            "split_digests": resume.split_digests(parts.data),
-        }
-        trainer = assembly.trainer(cfg, knobs, parts, outputs, saved)
-        _start(trainer, state, run_dir)
-        log.info("training %s", _describe(recorded, parts, knobs))
-        trainer.fit()
-        trainer.outputs.metrics.close()
-
-        summary = _summary(trainer, parts, knobs, started, state) | {"data": data_fingerprint}
-        summary |= final_test.test_after_fit(cfg, trainer, parts)  # with trainer.test_after_fit
-        trainer.callbacks.at_end(trainer, summary)
-        if dist.is_main:
-            _write_records(run_dir, summary, run_history, cfg, trainer.outputs.metrics)
-    except BaseException as error:
-        if dist.is_main:
-            step = trainer.state.position.step if trainer is not None else start_step
-            run_history.fail(error, step)
-        raise
-    distributed.barrier(dist)  # no rank leaves before rank 0 has written everything
-    return summary
-
-
-def _root_seed(cfg: DictConfig, state: dict | None, dist: distributed.Context) -> int:
-    """The checkpoint's seed when resuming (a fixed seed asked for must match it), else the
-    config's or, with seed=random, one drawn once and shared by every rank."""
-    if state:
-        resume.check_seed(state, cfg.seed)
-        return int(state["root_seed"])
-    seed = seeding.resolve_seed(cfg.seed.mode, cfg.seed.value)
-    return distributed.broadcast(seed, dist)
-
-
-def _already_complete(run_dir: Path, state: dict, total_steps: int) -> bool:
-    """A finished run (or one stopped early) rerun as it was: nothing to do. A shorter one is
-    refused."""
-    done_steps = resume.check_length(state, total_steps)
-    if state.get("stopped_early"):
-        return history.already_complete(run_dir, done_steps, done_steps)
-    return history.already_complete(run_dir, done_steps, total_steps)
-
-
-def _start(trainer: Trainer, state: dict | None, run_dir: Path) -> None:
-    """Load the resume state; drop the log rows and best weights a killed attempt wrote
-    after it."""
-    if state:
-        trainer.load_state_dict(state)
-    if trainer.dist.is_main:
-        loggers.truncate_logs(run_dir, trainer.state.position.step)
-        trainer.outputs.checkpointer.settle_best(trainer.state.best.step)
-    if state:
-        pos = trainer.state.position
-        where = f"at epoch {pos.epoch}, batch {pos.batch}, step {pos.step}"
-        log.info("resumed from %s %s", state["loaded_from"], where)
-
-
-def _describe(cfg: DictConfig, parts: assembly.Parts, knobs: assembly.Knobs) -> str:
-    name = cfg.model._target_.rsplit(".", 1)[-1]
-    model = f"{name} ({_parameters(parts.model) / 1e6:.2f}M parameters)"
-    images = f"{len(parts.data.train)} train / {len(parts.data.val)} val images"
-    settings = f"seed {cfg.seed.value} | amp {knobs.precision.mode} | {knobs.memory_format.name}"
-    return f"{model} on {knobs.device} | {images} | {parts.total_steps} steps | {settings}"
-
-
-def _parameters(model: nn.Module) -> int:
-    return sum(parameter.numel() for parameter in model.parameters())
-
-
-def _summary(
-    trainer: Trainer,
-    parts: assembly.Parts,
-    knobs: assembly.Knobs,
-    started: float,
-    state: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """What summary.json holds, but the data fingerprint: the last evaluation and how the run
-    got there. `started` is the `time.perf_counter()` of this process's start of training."""
-    position = trainer.state.position
-    return {
-        **trainer.state.last_eval,
-        "seed": trainer.extra_state["root_seed"],
-        "weights_sha256": weights_sha256(trainer.model),
-        "wall_s": time.perf_counter() - started,
-        "train_s": position.train_seconds,
-        "total_steps": trainer.total_steps,
-        "parameters": _parameters(trainer.model),
-        "init_weights": trainer.extra_state["init_weights"],
-        "step": position.step,
-        "completed": position.step >= trainer.total_steps or trainer.state.stopped_early,
-        "stopped_early": trainer.state.stopped_early,
-        "stop_reason": trainer.state.stop_reason,
-        f"best_{trainer.settings.monitor}": trainer.state.best.value,
-        "best_step": trainer.state.best.step,
-        "stopped_by_signal": trainer.state.stopped_by,
-        "resumed_from_step": state["position"]["step"] if state else None,
-        "amp": knobs.precision.mode,
-        "amp_emulated": knobs.precision.emulated,
-        "memory_format": knobs.memory_format.name,
-        "pin_memory": parts.context.pin_memory,
-        "flags": determinism.snapshot(),
-        "env": environment.describe(knobs.device),
-        "world_size": knobs.dist.world,
-        "normalisation": parts.normalisation,
-    }
-
-
-def _write_records(
-    run_dir: Path,
-    summary: dict[str, Any],
-    run_history: history.RunHistory,
-    cfg: DictConfig,
-    metrics: MetricsLog,
-) -> None:
-    """summary.json, the attempt's result in the run history, the curves, then all of it to
-    the experiment trackers."""
-    write_json_atomic(run_dir / "summary.json", summary)
-    run_history.end(_result(summary), summary["step"])
-    if cfg.logger.plot and (run_dir / "metrics.csv").exists():
-        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
-    metrics.finish(summary)
-
-
-def _result(summary: dict[str, Any]) -> str:
-    if summary["stopped_by_signal"] is not None:
-        return f"stopped by signal {summary['stopped_by_signal']}"
-    if summary["stop_reason"] is not None:
-        return f"completed, stopped early: {summary['stop_reason']}"
-    return "completed" if summary["completed"] else "halted"
 
 
 def _note_failure(run_dir: Path, error: Exception) -> None:
@@ -256,18 +59,18 @@ def _as_user_error(error: Exception, run_dir: Path) -> Exception:
     return error
 
 
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    return received.load_json(run_dir / "summary.json", root=run_dir)
-
-
 # conf/ ships inside the package (the top-level conf/ is a link to it), so an installed engine
 # finds it too; a project passes its own --config-path and reaches this one by its search path.
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    # Imported here, when a run starts: `--help` and `--cfg job` import no torch.
+    from repro.core import run
+    from repro.core.runs import run_lock
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        summary = train(cfg, run_dir)
+        summary = run.train(cfg, run_dir)
     except Exception as error:
         error = _as_user_error(error, run_dir)
         if not in_sweep:
@@ -358,6 +161,8 @@ def command_line() -> None:
     sys.argv = launch.torchrun_argv(launch.expand_seed_shorthand(sys.argv))
     with composition.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
         main()
+    from repro.core.runtime import distributed  # after Hydra: `--help` has exited already
+
     distributed.shutdown()
     distributed.leave(1 if SweepReport.failed_jobs else 0)
     if SweepReport.failed_jobs:

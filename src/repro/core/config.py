@@ -291,11 +291,27 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from repro.core.runs.history import record_subdir
     from repro.core.runtime import launch  # imports nothing heavy
 
+    # Hydra copies its config repository (the store with it) for every group it lists, 166
+    # times for `--help`, 4 s here; the store is a singleton whose `load` hands out copies of
+    # its nodes, so a copy of it may be the store itself.
+    ConfigStore.__deepcopy__ = _same_store  # type: ignore[attr-defined]
     store = ConfigStore.instance()
     store.store(group="schema", name="train", node=Config, package="_global_")
     store.store(group="schema", name="bench", node=BenchConfig, package="_global_")
     launch.register_resolvers()
-    OmegaConf.register_new_resolver("record_subdir", record_subdir, replace=True)
+    OmegaConf.register_new_resolver("record_subdir", _record_subdir, replace=True)
+
+
+def _same_store(store: Any, memo: dict[int, Any]) -> Any:
+    """A deep copy of Hydra's ConfigStore: the store (see `register`)."""
+    return store
+
+
+def _record_subdir(*args: Any) -> Any:
+    """The `record_subdir` resolver (runs.history), imported when Hydra first resolves it: a
+    command that composes no run folder (`--help`, `--cfg job`) imports no torch."""
+    from repro.core.runs.history import record_subdir
+
+    return record_subdir(*args)

@@ -36,13 +36,13 @@ from repro.core.errors import (
 )
 from repro.core.guards import received
 from repro.core.guards.network import offline
+from repro.core.run import train
 from repro.core.runs import resume
 from repro.core.runs.fingerprint_log import FingerprintLog, first_divergence
 from repro.core.runs.trust import as_data
 from repro.core.runtime import determinism, environment
 from repro.core.runtime.devices import select_device
 from repro.core.text import for_terminal
-from repro.train import train
 
 USAGE = "python -m repro.verify RUN_DIR [steps=N] [threads=N] [trust=true] [download=true]"
 

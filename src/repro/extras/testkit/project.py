@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from repro.core import config
 from repro.extras.testkit.runs import Runs
 
 # A few steps on a few images (debug=fast cuts the data), an evaluation and a checkpoint every
@@ -54,7 +55,7 @@ class Project:
         """The config as `make train ARGS="..."` composes it, cut to a tiny run."""
         from hydra import compose, initialize_config_dir
 
-        import repro.train  # noqa: F401  registers the engine's schema and resolvers
+        config.register()  # the engine's schema and resolvers
 
         with initialize_config_dir(config_dir=str(self.conf), version_base="1.3"):
             return compose("config", overrides=[*QUICK, *overrides])
@@ -75,7 +76,7 @@ class Project:
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 
-        import repro.train  # noqa: F401  registers the engine's schema and resolvers
+        config.register()  # the engine's schema and resolvers
 
         with initialize_config_dir(config_dir=str(self.conf), version_base="1.3"):
             cfg = compose("config", [f"experiment={experiment}"], return_hydra_config=True)
@@ -89,7 +90,7 @@ class Project:
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 
-        import repro.train  # noqa: F401  registers the engine's schema and resolvers
+        config.register()  # the engine's schema and resolvers
 
         asked = OmegaConf.load(self.conf / "experiment" / f"{experiment}.yaml")
         with initialize_config_dir(config_dir=str(self.conf), version_base="1.3"):

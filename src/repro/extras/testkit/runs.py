@@ -6,7 +6,7 @@ the ranks of a two-process run) are forks of this one, where everything is impor
 a killed fork dies as `python -m repro.train` would, at the same point
 (`REPRO_FAULT=step:N`, repro.core.runs.faults), and two forked ranks join a gloo process group
 through the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
-and run the same `repro.train.train`. Runs are kept by their composed config, so two checks
+and run the same `repro.core.run.train`. Runs are kept by their composed config, so two checks
 asking for the same run (the default objective's straight run is the default config's) share
 it.
 """
@@ -71,13 +71,13 @@ def describe(error: BaseException, project: Path) -> str:
 
 
 def in_process(config: Any, run_dir: Path, project: Path) -> dict[str, Any]:
-    """`repro.train.train` on `config` in `run_dir`; returns summary.json. Run again in the
+    """`repro.core.run.train` on `config` in `run_dir`; returns summary.json. Run again in the
     same folder, it resumes from the last checkpoint, as `make train` does."""
-    import repro.train
+    from repro.core import run
 
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return repro.train.train(config, run_dir)
+        return run.train(config, run_dir)
     except Exception as error:  # the engine's one-line errors, a project's code raising
         raise RunFailedError(describe(error, project), traceback.format_exc()) from None
 
