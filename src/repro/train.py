@@ -34,6 +34,20 @@ from repro.core.sweeps.callback import SweepReport
 from repro.core.text import for_terminal
 
 log = logging.getLogger("repro.train")
+# Hydra's flags that show something and run nothing: the run's modules (torch with them) are
+# never imported for them, so `--help` answers in well under a second.
+SHOWS_ONLY = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--cfg",
+    "-c",
+    "--info",
+    "-i",
+    "--version",
+    "--shell-completion",
+    "-sc",
+}
 
 config.register()
 
@@ -63,7 +77,7 @@ def _as_user_error(error: Exception, run_dir: Path) -> Exception:
 # finds it too; a project passes its own --config-path and reaches this one by its search path.
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    # Imported here, when a run starts: `--help` and `--cfg job` import no torch.
+    # Loaded already by `command_line`; here for a caller of `main` (the tests, a launcher).
     from repro.core import run
     from repro.core.runs import run_lock
 
@@ -159,6 +173,8 @@ def command_line() -> None:
     except UserError as error:
         exit_with(error)
     sys.argv = launch.torchrun_argv(launch.expand_seed_shorthand(sys.argv))
+    if not set(sys.argv[1:]) & SHOWS_ONLY:  # a run: its modules load before Hydra starts it
+        from repro.core import run  # noqa: F401
     with composition.one_line_composition_errors():  # `objective.gama=3`: one line, not Hydra's
         main()
     from repro.core.runtime import distributed  # after Hydra: `--help` has exited already
