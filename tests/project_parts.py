@@ -118,7 +118,7 @@ class LabelLog:
 # and callback, so the kit checks each of them together.
 CONF = {
     "data/crossings.yaml": None,  # the project's stripes.yaml, with the builder replaced
-    "objective/bce.yaml": "_target_: {engine}.multilabel.objective.MultilabelBCE\n",
+    "objective/bce.yaml": "_target_: {engine}.extras.multilabel.objective.MultilabelBCE\n",
     "objective/sam.yaml": "_target_: {name}.sam.SharpnessAware\nrho: 0.05\n",
     "metrics/label_recall.yaml": "label_recall:\n  _target_: {name}.recall.LabelRecall\n",
     "callbacks/label_log.yaml": "label_log:\n  _target_: {name}.label_log.LabelLog\n",

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 
 NAME = "ember_lab"
-SCHEDULES = Path("src") / NAME / "engine" / "schedules.py"
+SCHEDULES = Path("src") / NAME / "core" / "engine" / "schedules.py"
 IDENTITY = ["-c", "user.name=test", "-c", "user.email=test@localhost"]
 
 
