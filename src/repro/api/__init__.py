@@ -1,13 +1,13 @@
 """What an experiment imports: the engine's stable surface.
 
 A project's datasets, objectives, callbacks, components, metrics and models import from this
-package and from nowhere else in `repro`; its entry point calls `main`, and its tests take
-the test kit's checks from `repro.api.testkit`. Every name below keeps
-its meaning from one release to the next. A change to one is announced a release ahead: the
-old name goes on working and warns (`DeprecationWarning`, naming its replacement) for one
-release before it goes (docs/api.md). Everything else in the package (core/, extras/ and the
-tools) is the engine's own and may move between releases; `repro.verify.upgrade` (a project's
-`make upgrade`) names each import of a project that reaches past this module.
+package and from nowhere else in `repro`; its entry point calls `main`, and its tests take the
+test kit's checks from `repro.api.testkit`. Every name below keeps its meaning from one release
+to the next. A change to one is announced a release ahead: the old name goes on working and
+warns (a FutureWarning, shown by default, naming its replacement) for one release before it
+goes (docs/api.md). Everything else in the package (core/, extras/ and the tools) is the
+engine's own and may move between releases; `repro.verify.upgrade` (a project's `make
+upgrade`) names each import of a project that reaches past this package.
 """
 
 from __future__ import annotations
