@@ -220,7 +220,8 @@ def minimal(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_minimal_leaves_the_recipes_and_benchmarks_behind_and_its_tests_collect(minimal):
     assert (
-        not (minimal / "benchmarks").exists() and not (minimal / "src" / NAME / "extras" / "recipes").exists()
+        not (minimal / "benchmarks").exists()
+        and not (minimal / "src" / NAME / "extras" / "recipes").exists()
     )
     assert not list((minimal / "tests").glob("test_recipe_*")) and (minimal / "tests").is_dir()
     assert not (minimal / "conf" / "model" / "whitened_cnn.yaml").exists()
