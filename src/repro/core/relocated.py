@@ -51,9 +51,14 @@ RELOCATED = {
 }
 
 
+_LONGEST_FIRST = sorted(RELOCATED, key=len, reverse=True)
+
+
 def new_name(dotted: str) -> str:
     """`dotted` (a module, or a name inside one) as today's layout names it."""
-    for old in sorted(RELOCATED, key=len, reverse=True):
+    if not dotted.startswith("repro."):  # every import asks: most are none of ours
+        return dotted
+    for old in _LONGEST_FIRST:
         if dotted == old or dotted.startswith(f"{old}."):
             return RELOCATED[old] + dotted[len(old) :]
     return dotted
@@ -62,6 +67,9 @@ def new_name(dotted: str) -> str:
 class OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports an old module name as today's module, with a FutureWarning."""
 
+    def __init__(self) -> None:
+        self.warned: set[tuple[str, int]] = set()  # where an import statement was named
+
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
@@ -69,9 +77,6 @@ class OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if today == fullname or importlib.util.find_spec(today) is None:
             return None  # not an old name, or one that never was: Python says so as usual
         return importlib.util.spec_from_loader(fullname, self)
-
-    def __init__(self) -> None:
-        self.warned: set[tuple[str, int]] = set()  # where an import statement was named
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         today = new_name(spec.name)
